@@ -1,0 +1,73 @@
+"""commlab: GPU communication you can write, run, debug and see from a notebook.
+
+    import commlab
+    comm = commlab.init()                       # under torchrun, or in a %%distributed cell
+    y = commlab.all_reduce(x)                   # Triton kernels over a symmetric heap
+"""
+
+from commlab import _interpret
+
+_interpret.decide()  # before any kernel is defined: CPU backend = Triton's interpreter
+
+from commlab import trace  # noqa: E402
+from commlab.collectives import (  # noqa: E402
+    all_gather,
+    all_reduce,
+    all_to_all,
+    barrier,
+    broadcast,
+    reduce_scatter,
+)
+from commlab.errors import (  # noqa: E402
+    CollectiveTimeoutError,
+    CommlabError,
+    CommlabUsageError,
+    HeapFullError,
+    RankMismatchError,
+)
+from commlab.runtime import (  # noqa: E402
+    Communicator,
+    finalize,
+    get_communicator,
+    init,
+    symmetric_empty,
+    symmetric_zeros,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CollectiveTimeoutError", "CommlabError", "CommlabUsageError", "Communicator",
+    "HeapFullError", "RankMismatchError", "all_gather", "all_reduce", "all_to_all",
+    "barrier", "broadcast", "finalize", "get_communicator", "init", "reduce_scatter",
+    "symmetric_empty", "symmetric_zeros", "trace",
+]
+
+
+_LAZY = {  # heavier parts, imported on first use
+    "ag_gemm": ("commlab.overlap", "ag_gemm"),
+    "gemm_rs": ("commlab.overlap", "gemm_rs"),
+    "tune": ("commlab.tuning", "tune"),
+}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        mod, attr = _LAZY[name]
+        return getattr(importlib.import_module(mod), attr)
+    raise AttributeError(f"module 'commlab' has no attribute {name!r}")
+
+
+def load_ipython_extension(ipython):  # %load_ext commlab
+    """Register commlab's magics (imported lazily: workers never need IPython)."""
+    from commlab.magics import load_ipython_extension as _load
+
+    _load(ipython)
+
+
+def unload_ipython_extension(ipython):
+    from commlab.magics import unload_ipython_extension as _unload
+
+    _unload(ipython)

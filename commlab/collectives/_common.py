@@ -1,0 +1,141 @@
+"""What every collective shares: argument rules, cross-rank agreement, staging, launch
+shapes, and the small device helpers (fp32 accumulation, the reduction op)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from commlab.errors import CommlabUsageError
+from commlab.runtime._control import Signature
+from commlab.runtime.communicator import Communicator, get_communicator
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.int32)
+OPS = {"sum": 0, "max": 1, "min": 2}
+ALGORITHMS = ("auto", "one_shot", "two_shot", "ring")
+MAX_PROGRAMS = 256  # signal-pad rows: one per program for cl.barrier
+
+
+def dtype_name(d: torch.dtype) -> str:
+    return str(d).replace("torch.", "")
+
+
+@dataclass
+class Call:
+    """A validated collective call, identical on every rank once ``agree`` returned."""
+
+    comm: Communicator
+    op_name: str
+    x: torch.Tensor
+    seq: int
+
+
+def check_local(op_name: str, comm: Communicator, x, *, reduce_op: str | None = None,
+                algorithm: str | None = None, split_dim0: bool = False,
+                src: int | None = None) -> str:
+    """Return the first rule ``x`` breaks on this rank, or "" (the text states the fix)."""
+    if not isinstance(x, torch.Tensor):
+        return f"expected a torch.Tensor, got {type(x).__name__}; pass a tensor"
+    if x.dtype not in DTYPES:
+        return (f"dtype {dtype_name(x.dtype)} is not supported; use one of "
+                f"{', '.join(dtype_name(d) for d in DTYPES)} (e.g. x.float())")
+    if comm.backend == "cuda" and x.device != comm.device:
+        return f"tensor is on {x.device} but this rank's device is {comm.device}; pass x.to(comm.device)"
+    if comm.backend == "cpu" and x.device.type != "cpu":
+        return f"tensor is on {x.device} but the backend is 'cpu'; pass x.cpu()"
+    if reduce_op is not None and reduce_op not in OPS:
+        return f"op must be one of {', '.join(map(repr, OPS))}, got {reduce_op!r}"
+    if algorithm is not None and algorithm not in ALGORITHMS:
+        return f"algorithm must be one of {', '.join(map(repr, ALGORITHMS))}, got {algorithm!r}"
+    if split_dim0:
+        if x.dim() == 0:
+            return "needs a tensor with at least one dimension, got a 0-d tensor; pass x.reshape(1)"
+        if x.shape[0] % comm.world_size:
+            return (f"dim 0 ({x.shape[0]}) must be divisible by the world size "
+                    f"({comm.world_size}); pad dim 0 to a multiple of {comm.world_size}")
+    if src is not None and not (isinstance(src, int) and 0 <= src < comm.world_size):
+        return f"src must be a rank in 0..{comm.world_size - 1}, got {src!r}"
+    return ""
+
+
+def agree(op_name: str, x, local_error: str, **fields) -> Call:
+    """Check this call against every rank's; raise the same clear error everywhere."""
+    comm = get_communicator()
+    sig_fields = dict(fields)
+    if isinstance(x, torch.Tensor):
+        sig_fields = {"shape": tuple(x.shape), "dtype": dtype_name(x.dtype), **sig_fields}
+    seq = comm.control.agree(Signature(op_name, sig_fields, local_error))
+    return Call(comm, op_name, x, seq)
+
+
+def comm_or_raise() -> Communicator:
+    return get_communicator()
+
+
+# --- launch shapes ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Launch:
+    programs: int
+    block: int
+    num_warps: int
+
+
+def launch_for(comm: Communicator, n: int, *, max_programs: int | None = None) -> Launch:
+    """How many programs and how many elements each moves per step.
+
+    CPU (interpreter): few programs with big blocks, since every op is one numpy call.
+    CUDA: enough programs to keep the copy engines of NVLink busy, capped by the
+    signal pad's rows.
+    """
+    cap = min(MAX_PROGRAMS, max_programs or MAX_PROGRAMS)
+    if comm.backend == "cpu":
+        block = 1 << 16
+        return Launch(1, min(block, max(16, triton.next_power_of_2(max(n, 1)))), 4)
+    block = 2048
+    blocks = max(1, math.ceil(n / block))
+    return Launch(min(cap, blocks, 132 * 2), block, 8)
+
+
+def chunk_elems(comm: Communicator, elem_size: int, per_rank_parts: int = 1) -> int:
+    """Largest element count that fits the scratch ``per_rank_parts`` times over."""
+    return max(1, comm.scratch_bytes // (elem_size * per_rank_parts) // 64 * 64)
+
+
+# --- device helpers ---------------------------------------------------------------
+
+
+@triton.jit
+def combine(a, b, OP: tl.constexpr):
+    """a (op) b for the reduction ``OP``: 0 sum, 1 max, 2 min."""
+    if OP == 0:
+        return a + b
+    elif OP == 1:
+        return tl.maximum(a, b)
+    else:
+        return tl.minimum(a, b)
+
+
+@triton.jit
+def load_acc(ptr, mask):
+    """Load for accumulation: floats widen to fp32 (the interpreter also gets bf16
+    arithmetic wrong), int32 stays int32."""
+    v = tl.load(ptr, mask=mask, other=0)
+    if v.dtype.is_floating():
+        v = v.to(tl.float32)
+    return v
+
+
+@triton.jit
+def peer_ptr(ptr, peer, ctx):
+    """``cl.symm_at`` for a scalar base pointer, with the alignment hint the compiler
+    needs to keep 16-byte loads (heap blocks are 256-byte aligned)."""
+    from_base = tl.load(ctx + 4 + tl.load(ctx))
+    to_base = tl.load(ctx + 4 + peer)
+    p = (ptr.to(tl.pointer_type(tl.int8), bitcast=True) + (to_base - from_base)).to(ptr.dtype, bitcast=True)
+    return tl.multiple_of(p, 16)

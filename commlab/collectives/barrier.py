@@ -1,0 +1,27 @@
+"""Barrier: returns on every rank once every rank has called it.
+
+The host side meets through the agreement block (so a missing rank is named after the
+timeout); on CUDA a one-program kernel also meets on the device, so work queued before
+the barrier on any rank is complete before work queued after it starts.
+"""
+
+from __future__ import annotations
+
+import triton
+
+import commlab.language as cl
+from commlab import trace
+from commlab.collectives._common import agree, comm_or_raise
+
+
+@triton.jit
+def barrier_kernel(ctx):
+    cl.barrier(ctx)  # program 0 of every rank meets
+
+
+def barrier() -> None:
+    """Block until every rank has reached this barrier (host and device)."""
+    comm = comm_or_raise()
+    agree("barrier", None, "")
+    with trace.collective("barrier", 0, "signal", comm.device):
+        barrier_kernel[(1,)](comm.context)

@@ -1,0 +1,85 @@
+"""Ring all-reduce: W-1 reduce-scatter steps then W-1 all-gather steps around a ring.
+
+Each step a rank reads one chunk from its left neighbour only, so every link carries
+the same N/W per step: the classic bandwidth-optimal schedule (NCCL's for large
+messages), at the price of 2·(W-1) barriers. Here mostly for teaching and for worlds
+where not every pair of ranks is directly linked.
+
+    stage x into my scratch;  left = me - 1
+    for s in 0..W-2:   c = me - s - 1;  scratch[c] += scratch@left[c];  barrier
+    # now scratch[me + 1] holds the full reduction of chunk me + 1
+    for s in 0..W-2:   c = me - s;      scratch[c]  = scratch@left[c];  barrier
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+import commlab.language as cl
+from commlab.collectives._common import combine, launch_for, load_acc, peer_ptr
+
+
+@triton.jit
+def ring_all_reduce_kernel(
+    # Symmetric buffers
+    scratch_ptr,  # [N] staged input, reduced in place chunk by chunk
+    # Local buffers
+    out_ptr,  # [N]
+    ctx,
+    # Sizes
+    N,
+    CHUNK,
+    # Meta-parameters
+    OP: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    me = cl.rank(ctx)
+    world = cl.num_ranks(ctx)
+    left = peer_ptr(scratch_ptr, (me + world - 1) % world, ctx)
+    cl.barrier(ctx)  # inputs staged
+    # --- reduce-scatter around the ring
+    for s in range(0, world - 1):
+        c = (me + 2 * world - s - 1) % world
+        for start in range(pid * BLOCK, CHUNK, nprog * BLOCK):
+            offs = c * CHUNK + start + tl.arange(0, BLOCK)
+            mask = (offs < N) & (offs < (c + 1) * CHUNK)
+            acc = combine(load_acc(scratch_ptr + offs, mask), load_acc(left + offs, mask), OP)
+            res = acc.to(out_ptr.dtype.element_ty)
+            tl.store(scratch_ptr + offs, res, mask=mask)
+            if s == world - 2:  # chunk c == me + 1 is final here
+                tl.store(out_ptr + offs, res, mask=mask)
+        cl.barrier(ctx)  # step s written everywhere: the right neighbour may read it
+    if world == 1:
+        for start in range(pid * BLOCK, N, nprog * BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            tl.store(out_ptr + offs, tl.load(scratch_ptr + offs, mask=offs < N), mask=offs < N)
+    # --- all-gather around the ring
+    for s in range(0, world - 1):
+        c = (me + world - s) % world  # left finished chunk c in its previous step
+        for start in range(pid * BLOCK, CHUNK, nprog * BLOCK):
+            offs = c * CHUNK + start + tl.arange(0, BLOCK)
+            mask = (offs < N) & (offs < (c + 1) * CHUNK)
+            v = tl.load(left + offs, mask=mask)
+            tl.store(scratch_ptr + offs, v, mask=mask)
+            tl.store(out_ptr + offs, v, mask=mask)
+        cl.barrier(ctx)  # step s written: the right neighbour may read it; also frees scratch
+
+
+def ring_all_reduce(comm, flat: torch.Tensor, out: torch.Tensor, op: int) -> None:
+    n = flat.numel()
+    world = comm.world_size
+    step = comm.scratch_bytes // flat.element_size() // 64 * 64
+    for lo in range(0, n, step):
+        hi = min(n, lo + step)
+        scratch = comm.scratch((hi - lo) * flat.element_size(), flat.dtype)
+        scratch.copy_(flat[lo:hi])
+        chunk = triton.cdiv(hi - lo, world)
+        cfg = launch_for(comm, chunk)
+        ring_all_reduce_kernel[(cfg.programs,)](
+            scratch, out[lo:hi], comm.context, hi - lo, chunk,
+            OP=op, BLOCK=cfg.block, num_warps=cfg.num_warps,
+        )

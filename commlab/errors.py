@@ -1,0 +1,27 @@
+"""Errors commlab raises. Each message states the rule, shows the value and says the fix."""
+
+from __future__ import annotations
+
+
+class CommlabError(RuntimeError):
+    """Base class for commlab's own errors."""
+
+
+class CommlabUsageError(CommlabError, ValueError):
+    """The arguments break a rule (shape, dtype, op, algorithm...). Nothing was launched."""
+
+
+class RankMismatchError(CommlabUsageError):
+    """Ranks called the same collective with arguments that disagree (raised on every rank)."""
+
+
+class HeapFullError(CommlabError, MemoryError):
+    """The symmetric heap has no free block large enough."""
+
+
+class CollectiveTimeoutError(CommlabError, TimeoutError):
+    """Some ranks did not reach a collective within the communicator's timeout."""
+
+
+class BackendUnavailableError(CommlabError):
+    """The requested backend cannot run here (e.g. ``cuda`` without a GPU on some rank)."""

@@ -1,0 +1,139 @@
+"""commlab's device language: primitives used inside ``@triton.jit`` kernels.
+
+    import commlab.language as cl
+
+    @triton.jit
+    def kernel(x_ptr, flag_ptr, ctx, ...):
+        me = cl.rank(ctx); world = cl.num_ranks(ctx)
+        peer_x = cl.symm_at(x_ptr, (me + 1) % world, ctx)   # same location, next rank
+        cl.notify(flag_ptr, peer, ctx, 1, sig_op="add")       # release, system scope
+        cl.wait(flag_ptr, 1)                                  # acquire: int32 at ptr >= 1
+        cl.barrier(ctx)                                       # blockwise, all ranks
+
+``ctx`` is ``comm.context``: an int64 tensor ``[rank, world, signal_pad, flags,
+base_0 … base_{W-1}]`` where ``base_r`` is rank r's heap base *as mapped in this
+process*. ``symm_at`` moves a pointer by ``base_peer − base_me``, so it works for any
+pointer into the symmetric heap, scalar or block, on both backends.
+
+One source, two worlds: under Triton's interpreter (CPU backend) every spin loop yields
+the core to the other ranks (``INTERPRET`` is a compile-time constant, so the compiled
+GPU code never contains that branch).
+"""
+
+from __future__ import annotations
+
+import os
+
+import triton
+import triton.language as tl
+
+from commlab import _interpret
+
+INTERPRET = tl.constexpr(_interpret.interpreting())
+MAX_WORLD = tl.constexpr(64)  # must match commlab.runtime.heap.MAX_WORLD
+CTX_BASES = tl.constexpr(4)  # ctx[4 + r] = base of rank r's heap
+
+
+def _host_yield():  # interpreter only: let the ranks we wait for run
+    os.sched_yield()
+
+
+# --- who am I ---------------------------------------------------------------------
+
+
+@triton.jit
+def rank(ctx):
+    """This rank's index (int32)."""
+    return tl.load(ctx).to(tl.int32)
+
+
+@triton.jit
+def num_ranks(ctx):
+    """Number of ranks in the world (int32)."""
+    return tl.load(ctx + 1).to(tl.int32)
+
+
+# --- addressing -------------------------------------------------------------------
+
+
+@triton.jit
+def symm_at(ptr, peer, ctx):
+    """The address of the same symmetric location (``ptr``) in ``peer``'s heap."""
+    me = tl.load(ctx)
+    delta = tl.load(ctx + CTX_BASES + peer) - tl.load(ctx + CTX_BASES + me)
+    byte_ptr = ptr.to(tl.pointer_type(tl.int8), bitcast=True)
+    return (byte_ptr + delta).to(ptr.dtype, bitcast=True)
+
+
+# --- point-to-point signals -------------------------------------------------------
+
+
+@triton.jit
+def notify(ptr, peer, ctx, value, sig_op: tl.constexpr = "set"):
+    """Signal ``peer``: write (``set``) or add (``add``) ``value`` to the int32 at the
+    symmetric location ``ptr`` on ``peer``. Release, system scope: every store this
+    block made before the call is visible to ``peer`` once it sees the signal."""
+    tl.static_assert(sig_op == "set" or sig_op == "add", "notify: sig_op must be 'set' or 'add'")
+    tl.debug_barrier()  # all threads' stores precede the release
+    remote = symm_at(ptr, peer, ctx)
+    if sig_op == "set":
+        tl.atomic_xchg(remote, value, sem="release", scope="sys")
+    else:
+        tl.atomic_add(remote, value, sem="release", scope="sys")
+
+
+@triton.jit
+def wait(ptr, value):
+    """Spin until the int32 at local ``ptr`` is >= ``value`` (acquire, system scope):
+    what the signaller stored before notifying is visible after this returns."""
+    while tl.atomic_add(ptr, 0, sem="acquire", scope="sys") < value:
+        if INTERPRET:
+            _host_yield()
+    tl.debug_barrier()  # no thread reads before the acquire completed
+
+
+# --- barrier ----------------------------------------------------------------------
+# Blockwise barrier: program p of every rank meets program p of every other rank.
+# Slot (p, src) of rank dst's signal pad is a one-bit mailbox: src CAS-es it 0 -> 1
+# on dst (spinning while dst has not yet consumed the previous signal), and dst
+# CAS-es it 1 -> 0 when it consumes it. Mailboxes reset themselves, so consecutive
+# barriers and kernels need no host bookkeeping. On return, every store any rank's
+# program p made before the barrier is visible to program p everywhere.
+
+
+@triton.jit
+def _pid_flat():
+    return (tl.program_id(2) * tl.num_programs(1) + tl.program_id(1)) * tl.num_programs(0) + tl.program_id(0)
+
+
+@triton.jit
+def barrier(ctx):
+    """Blockwise barrier across all ranks (see the comment above). Programs with the
+    same id must call it the same number of times on every rank; at most 256 programs."""
+    tl.debug_barrier()
+    me = tl.load(ctx).to(tl.int32)
+    world = tl.load(ctx + 1).to(tl.int32)
+    pad = tl.load(ctx + 2).to(tl.pointer_type(tl.int32))
+    row = pad + _pid_flat() * MAX_WORLD
+    for i in range(1, world):
+        peer = (me + i) % world
+        remote = symm_at(row + me, peer, ctx)
+        while tl.atomic_cas(remote, 0, 1, sem="release", scope="sys") != 0:
+            if INTERPRET:
+                _host_yield()
+    for i in range(1, world):
+        peer = (me + i) % world
+        while tl.atomic_cas(row + peer, 1, 0, sem="acquire", scope="sys") != 1:
+            if INTERPRET:
+                _host_yield()
+    tl.debug_barrier()
+
+
+@triton.jit
+def flags(ctx):
+    """int32 pointer to this communicator's flag area (collectives keep counters there)."""
+    return tl.load(ctx + 3).to(tl.pointer_type(tl.int32))
+
+
+__all__ = ["rank", "num_ranks", "symm_at", "notify", "wait", "barrier", "flags", "INTERPRET"]
+

@@ -1,0 +1,153 @@
+"""Bootstrap through torch.distributed: rendezvous, backend agreement, process groups.
+
+Reads the environment torchrun sets (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
+MASTER_PORT). Without it, and with no process group already made, the world is this
+one process (rank 0 of 1), which is handy for teaching and for a first try.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from commlab.errors import BackendUnavailableError, CommlabUsageError
+
+
+@dataclass
+class World:
+    rank: int
+    world_size: int
+    local_rank: int
+    backend: str  # "cpu" | "cuda"
+    device: torch.device
+    group: object  # default process group (gloo, or gloo+nccl)
+    cpu_group: object  # a gloo group for host-side exchanges
+    token: str  # shared random hex string naming this world's shm segments
+    owns_pg: bool
+
+
+def _env_int(name: str) -> int | None:
+    v = os.environ.get(name)
+    return int(v) if v not in (None, "") else None
+
+
+def _has_gpu(local_rank: int) -> bool:
+    return torch.cuda.is_available() and torch.cuda.device_count() > local_rank
+
+
+def bootstrap(backend: str, timeout_s: float) -> World:
+    if backend not in ("auto", "cpu", "cuda"):
+        raise CommlabUsageError(
+            f"commlab.init: backend must be 'auto', 'cpu' or 'cuda', got {backend!r}"
+        )
+    timeout = timedelta(seconds=max(timeout_s, 30))
+    if dist.is_initialized():
+        return _from_existing(backend)
+    rank = _env_int("RANK")
+    world_size = _env_int("WORLD_SIZE")
+    if rank is None or world_size is None:
+        rank, world_size, local_rank = 0, 1, 0
+        store: dist.Store = dist.HashStore()
+    else:
+        local_rank = _env_int("LOCAL_RANK")
+        local_rank = rank if local_rank is None else local_rank
+        addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
+        port = _env_int("MASTER_PORT")
+        if port is None:
+            raise CommlabUsageError(
+                "commlab.init: RANK and WORLD_SIZE are set but MASTER_PORT is not; "
+                "start the ranks with torchrun, or set MASTER_ADDR and MASTER_PORT"
+            )
+        # under torchrun the agent already serves the store on MASTER_PORT
+        agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+        store = dist.TCPStore(addr, port, world_size, is_master=(rank == 0 and not agent_store),
+                              timeout=timeout)
+
+    chosen = _agree_backend(store, rank, world_size, local_rank, backend)
+    if chosen == "cuda":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        pg_backend = "cpu:gloo,cuda:nccl"
+    else:
+        device = torch.device("cpu")
+        pg_backend = "gloo"
+    if rank == 0:
+        store.set("commlab/token", uuid.uuid4().hex[:12])
+    token = store.get("commlab/token").decode()
+    kwargs = {"device_id": device} if chosen == "cuda" else {}
+    dist.init_process_group(
+        pg_backend,
+        store=dist.PrefixStore("commlab/pg", store),
+        rank=rank,
+        world_size=world_size,
+        timeout=timeout,
+        **kwargs,
+    )
+    group = dist.group.WORLD
+    return World(rank, world_size, local_rank, chosen, device, group, group, token, True)
+
+
+def _agree_backend(store, rank: int, world_size: int, local_rank: int, wanted: str) -> str:
+    store.set(f"commlab/gpu/{rank}", "1" if _has_gpu(local_rank) else "0")
+    flags = [store.get(f"commlab/gpu/{r}").decode() == "1" for r in range(world_size)]
+    without = [r for r, f in enumerate(flags) if not f]
+    if wanted == "cuda" and without:
+        raise BackendUnavailableError(
+            f"commlab.init(backend='cuda'): {'rank' if len(without) == 1 else 'ranks'} "
+            f"{', '.join(map(str, without))} see no CUDA GPU for their LOCAL_RANK "
+            f"(torch.cuda.device_count() is {torch.cuda.device_count()} here); "
+            f"use backend='cpu', or give every rank a GPU"
+        )
+    from commlab import _interpret
+
+    if wanted == "auto" and _interpret.interpreting():
+        return "cpu"  # the interpreter was chosen at import: kernels run on the CPU
+    if wanted == "cuda" or (wanted == "auto" and not without):
+        _check_compiled_mode("cuda")
+        return "cuda"
+    _check_compiled_mode("cpu")
+    return "cpu"
+
+
+def _check_compiled_mode(backend: str) -> None:
+    from commlab import _interpret
+
+    if backend == "cpu" and not _interpret.interpreting():
+        raise BackendUnavailableError(
+            "commlab.init(backend='cpu'): Triton's interpreter was off when commlab was "
+            "imported (a GPU is visible), so kernels were compiled for the GPU; set "
+            "COMMLAB_BACKEND=cpu (or TRITON_INTERPRET=1) before `import commlab`"
+        )
+    if backend == "cuda" and _interpret.interpreting():
+        raise BackendUnavailableError(
+            "commlab.init(backend='cuda'): TRITON_INTERPRET is on, so kernels run on the "
+            "CPU; unset TRITON_INTERPRET and COMMLAB_BACKEND=cpu before `import commlab`"
+        )
+
+
+def _from_existing(backend: str) -> World:
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    local_rank = _env_int("LOCAL_RANK")
+    local_rank = rank if local_rank is None else local_rank
+    pg_backend = str(dist.get_backend()).lower()
+    has_nccl = "nccl" in pg_backend
+    if backend == "auto":
+        backend = "cuda" if has_nccl else "cpu"
+    if backend == "cuda" and not _has_gpu(local_rank):
+        raise BackendUnavailableError(
+            f"commlab.init(backend='cuda'): rank {rank} sees no CUDA GPU; use backend='cpu'"
+        )
+    _check_compiled_mode(backend)
+    cpu_group = dist.group.WORLD if "gloo" in pg_backend else dist.new_group(backend="gloo")
+    device = torch.device("cuda", local_rank) if backend == "cuda" else torch.device("cpu")
+    if backend == "cuda":
+        torch.cuda.set_device(device)
+    obj = [uuid.uuid4().hex[:12] if rank == 0 else None]
+    dist.broadcast_object_list(obj, src=0, group=cpu_group)
+    return World(rank, world_size, local_rank, backend, device, dist.group.WORLD, cpu_group,
+                 obj[0], False)

@@ -1,0 +1,154 @@
+"""Host-side agreement before every collective: same op, same shapes, everyone present.
+
+Every rank owns two 256-byte slots in a small shared-memory block (all ranks live on one
+host). Entering collective number ``n``, a rank writes its *signature* (op, dtype,
+shape, parameters, or the local error it found) into slot ``n % 2`` and then publishes
+``n``; it waits until every peer has published ``n`` and compares signatures. So a bad
+argument on one rank raises a clear error on *every* rank before any kernel launches,
+and a collective called on only some ranks ends in a ``CollectiveTimeoutError`` that
+says who is missing and where they are, instead of a silent hang.
+
+Two slots suffice: a rank can only publish ``n + 2`` after passing check ``n + 1``,
+which needs every peer to have published ``n + 1``, i.e. to have finished reading ``n``.
+"""
+
+from __future__ import annotations
+
+
+import struct
+import time
+from dataclasses import dataclass, field
+
+from commlab.errors import CollectiveTimeoutError, RankMismatchError
+
+SLOT = 256
+_HDR = struct.Struct("<qq")  # published seq, signature length
+_SIG_MAX = SLOT - _HDR.size
+
+
+@dataclass
+class Signature:
+    op: str
+    fields: dict  # name -> value, compared across ranks
+    error: str = ""  # local validation error, raised on every rank
+    hints: dict = field(default_factory=dict)  # field name -> the fix, when it differs
+
+    def encode(self) -> bytes:
+        body = self.op + "\x1f" + self.error + "\x1f" + "\x1e".join(
+            f"{k}={v}" for k, v in self.fields.items()
+        )
+        raw = body.encode()
+        return raw[:_SIG_MAX]
+
+    @staticmethod
+    def decode(raw: bytes) -> "Signature":
+        op, error, rest = raw.decode(errors="replace").split("\x1f", 2)
+        fields = dict(kv.split("=", 1) for kv in rest.split("\x1e") if "=" in kv)
+        return Signature(op, fields, error)
+
+
+def _ranks_str(ranks: list[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+
+
+class ControlBlock:
+    def __init__(self, buf, rank: int, world_size: int, timeout: float):
+        self.buf = buf  # mmap of world_size * 2 * SLOT bytes
+        self.rank = rank
+        self.world_size = world_size
+        self.timeout = timeout
+        self.seq = 0  # collectives entered by this rank
+
+    @staticmethod
+    def nbytes(world_size: int) -> int:
+        return world_size * 2 * SLOT
+
+    def _slot(self, rank: int, seq: int) -> int:
+        return (rank * 2 + seq % 2) * SLOT
+
+    def _published(self, rank: int) -> int:
+        a = _HDR.unpack_from(self.buf, self._slot(rank, 0))[0]
+        b = _HDR.unpack_from(self.buf, self._slot(rank, 1))[0]
+        return max(a, b)
+
+    def _read(self, rank: int, seq: int) -> Signature:
+        off = self._slot(rank, seq)
+        _, n = _HDR.unpack_from(self.buf, off)
+        return Signature.decode(bytes(self.buf[off + _HDR.size : off + _HDR.size + n]))
+
+    def agree(self, sig: Signature) -> int:
+        """Publish ``sig``, wait for every rank, raise if any rank disagrees. Returns seq."""
+        n = self.seq + 1
+        raw = sig.encode()
+        off = self._slot(self.rank, n)
+        self.buf[off + _HDR.size : off + _HDR.size + len(raw)] = raw
+        _HDR.pack_into(self.buf, off, n, len(raw))  # publish after the body is written
+        try:
+            self._wait_all(n, sig)
+        except BaseException:
+            _HDR.pack_into(self.buf, off, n - 2 if n >= 2 else 0, 0)  # withdraw
+            raise
+        self.seq = n
+        self._compare(n, sig)
+        return n
+
+    def _wait_all(self, n: int, sig: Signature) -> None:
+        start = time.monotonic()
+        spins = 0
+        while True:
+            missing = [r for r in range(self.world_size) if self._published(r) < n]
+            if not missing:
+                return
+            spins += 1
+            if spins > 200:
+                # back off: on small machines the ranks we wait for need this core
+                time.sleep(0 if spins < 2000 else 0.0005)
+            if time.monotonic() - start > self.timeout:
+                where = []
+                for r in missing:
+                    last = self._published(r)
+                    if last == 0:
+                        where.append(f"rank {r} has not entered any collective")
+                    else:
+                        where.append(f"rank {r} last entered {self._read(r, last).op} #{last}")
+                raise CollectiveTimeoutError(
+                    f"{sig.op} #{n} on rank {self.rank}: {_ranks_str(missing)} did not arrive "
+                    f"within {self.timeout:g} s ({'; '.join(where)}). A collective must be "
+                    f"called by every rank, in the same order; check for a rank-dependent "
+                    f"branch around it, or raise the limit with commlab.init(timeout=...)"
+                )
+
+    def _compare(self, n: int, mine: Signature) -> None:
+        sigs = [mine if r == self.rank else self._read(r, n) for r in range(self.world_size)]
+        errors = [(r, s.error) for r, s in enumerate(sigs) if s.error]
+        if errors:
+            groups: dict[str, list[int]] = {}
+            for r, e in errors:
+                groups.setdefault(e, []).append(r)
+            text = "; ".join(f"on {_ranks_str(rs)}: {e}" for e, rs in groups.items())
+            raise RankMismatchError(f"{mine.op}: {text}")
+        ops = {s.op for s in sigs}
+        if len(ops) > 1:
+            by = ", ".join(f"rank {r}: {s.op}" for r, s in enumerate(sigs))
+            raise RankMismatchError(
+                f"collective #{n}: ranks called different collectives ({by}); every rank must "
+                f"call the same collectives in the same order"
+            )
+        for key in mine.fields:
+            vals = [str(mine.fields[key]) if r == self.rank else s.fields.get(key, "?")
+                    for r, s in enumerate(sigs)]
+            if len(set(vals)) > 1:
+                groups: dict[str, list[int]] = {}
+                for r, v in enumerate(vals):
+                    groups.setdefault(v, []).append(r)
+                shown = ", ".join(f"{_ranks_str(rs)}: {v}" for v, rs in groups.items())
+                fix = mine.hints.get(key, f"pass the same {key} on every rank")
+                raise RankMismatchError(f"{mine.op}: {key} differs across ranks ({shown}); {fix}")
+
+    def reset(self) -> None:
+        """Forget the sequence (all ranks call this together, e.g. after a recovery)."""
+        for s in (0, 1):
+            _HDR.pack_into(self.buf, self._slot(self.rank, s), 0, 0)
+        self.seq = 0
+
+

@@ -1,0 +1,298 @@
+"""``commlab.init``: one Communicator per process, with its symmetric heap and context."""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import os
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from commlab.errors import CommlabUsageError
+from commlab.runtime import _shm
+from commlab.runtime._bootstrap import World, bootstrap
+from commlab.runtime._control import ControlBlock, Signature
+from commlab.runtime.heap import (
+    FLAGS_BYTES,
+    MAX_WORLD,
+    SIGNAL_PAD_BYTES,
+    HeapLayout,
+    SymmetricHeap,
+    _fmt_bytes,
+)
+
+_DEFAULTS = {  # backend -> (heap_size, scratch_size)
+    "cpu": (64 << 20, 16 << 20),
+    "cuda": (3 << 30, 2 << 30),
+}
+
+
+def _parse_size(v) -> int:
+    if isinstance(v, int):
+        return v
+    s = str(v).strip().upper()
+    for suf, mul in (("GIB", 1 << 30), ("MIB", 1 << 20), ("KIB", 1 << 10), ("G", 1 << 30),
+                     ("M", 1 << 20), ("K", 1 << 10)):
+        if s.endswith(suf):
+            return int(float(s[: -len(suf)]) * mul)
+    return int(s)
+
+
+@dataclass
+class Communicator:
+    """A world of ranks sharing a symmetric heap.
+
+    ``context`` is handed to kernels as ``ctx`` (see ``commlab.language``).
+    """
+
+    rank: int
+    world_size: int
+    backend: str
+    device: torch.device
+    context: torch.Tensor
+    heap: SymmetricHeap
+    control: ControlBlock
+    group: object
+    cpu_group: object
+    local_rank: int = 0
+    _world: World | None = field(default=None, repr=False)
+    _keep: list = field(default_factory=list, repr=False)  # mappings kept alive
+    closed: bool = False
+
+    # -- views of the reserved regions ------------------------------------------------
+    def scratch(self, nbytes: int, dtype: torch.dtype = torch.uint8) -> torch.Tensor:
+        """The staging scratch as a flat tensor of ``nbytes`` (same offset on every rank)."""
+        lay = self.heap.layout
+        if nbytes > lay.scratch_bytes:
+            raise ValueError(f"scratch request {nbytes} > scratch size {lay.scratch_bytes}")
+        return self.heap.region(lay.scratch, nbytes, dtype)
+
+    @property
+    def scratch_bytes(self) -> int:
+        return self.heap.layout.scratch_bytes
+
+    def flags(self) -> torch.Tensor:
+        lay = self.heap.layout
+        return self.heap.region(lay.flags, FLAGS_BYTES, torch.int32)
+
+    def synchronize(self) -> None:
+        if self.backend == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    # -- lifecycle ----------------------------------------------------------------------
+    def recover(self) -> None:
+        """Bring every rank back to a clean state after an interrupted collective.
+
+        Collective: every rank calls it (the notebook engine does after Ctrl-C or a hang
+        report). Clears the signal pad, the flags and the agreement sequence."""
+        dist.barrier(group=self.cpu_group)
+        self.synchronize()
+        lay = self.heap.layout
+        self.heap.region(lay.signal_pad, SIGNAL_PAD_BYTES + FLAGS_BYTES, torch.uint8).zero_()
+        self.control.reset()
+        self.synchronize()
+        dist.barrier(group=self.cpu_group)
+
+    def close(self) -> None:
+        """Release the heap and the process group (``commlab.finalize()`` calls this)."""
+        global _COMM
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self.synchronize()
+        except Exception:  # a broken device must not stop the rest of the cleanup
+            pass
+        self.heap.closed = True
+        self._keep.clear()
+        if self._world is not None and self._world.owns_pg and dist.is_initialized():
+            dist.destroy_process_group()
+        if _COMM is self:
+            _COMM = None
+
+    def __repr__(self) -> str:
+        return (f"Communicator(rank={self.rank}, world_size={self.world_size}, "
+                f"backend={self.backend!r}, device={self.device}, "
+                f"heap={_fmt_bytes(self.heap.size)})")
+
+
+_COMM: Communicator | None = None
+
+
+def init(backend: str = "auto", *, heap_size=None, scratch_size=None,
+         timeout: float | None = None) -> Communicator:
+    """Join the world and build the symmetric heap; return the process's Communicator.
+
+    backend: "auto" (cuda when every rank has a GPU), "cpu" (Triton's interpreter, ranks
+    as processes sharing memory) or "cuda". heap_size / scratch_size: bytes or strings
+    like "256MiB" (defaults: COMMLAB_HEAP_SIZE, else 64 MiB on cpu, 3 GiB on cuda).
+    timeout: seconds a collective waits for missing ranks before raising (default
+    COMMLAB_TIMEOUT, else 300). Calling init again returns the same communicator.
+    """
+    global _COMM
+    if _COMM is not None and not _COMM.closed:
+        if backend not in ("auto", _COMM.backend):
+            raise CommlabUsageError(
+                f"commlab.init(backend={backend!r}): this process already has a "
+                f"{_COMM.backend!r} communicator; call commlab.finalize() first to switch"
+            )
+        return _COMM
+    timeout = float(timeout if timeout is not None else os.environ.get("COMMLAB_TIMEOUT", 300))
+    world = bootstrap(backend, timeout)
+    if world.world_size > MAX_WORLD:
+        raise CommlabUsageError(f"commlab supports up to {MAX_WORLD} ranks, got {world.world_size}")
+    d_heap, d_scratch = _DEFAULTS[world.backend]
+    size = _parse_size(heap_size or os.environ.get("COMMLAB_HEAP_SIZE", d_heap))
+    scratch = _parse_size(scratch_size or os.environ.get("COMMLAB_SCRATCH_SIZE",
+                                                        min(d_scratch, size // 4)))
+    layout = HeapLayout(size=size, scratch_bytes=scratch)
+    layout.check()
+    keep: list = []
+    if world.backend == "cpu":
+        heap, control = _cpu_heap(world, layout, timeout, keep)
+    else:
+        heap, control = _cuda_heap(world, layout, timeout, keep)
+    ctx = torch.tensor(
+        [world.rank, world.world_size, heap.bases[world.rank] + layout.signal_pad,
+         heap.bases[world.rank] + layout.flags] + heap.bases,
+        dtype=torch.int64, device=world.device,
+    )
+    comm = Communicator(world.rank, world.world_size, world.backend, world.device, ctx, heap,
+                        control, world.group, world.cpu_group, world.local_rank, world, keep)
+    _COMM = comm
+    return comm
+
+
+def _exchange(world: World, obj) -> list:
+    out = [None] * world.world_size
+    dist.all_gather_object(out, obj, group=world.cpu_group)
+    return out
+
+
+def _addr(m) -> int:
+    return ctypes.addressof(ctypes.c_char.from_buffer(m))
+
+
+def _make_control(world: World, timeout: float, keep: list) -> ControlBlock:
+    nbytes = ControlBlock.nbytes(world.world_size)
+    name = _shm.segment_name(world.token, "ctl", 0)
+    if world.rank == 0:
+        m = _shm.create(name, nbytes)
+    name = _exchange(world, name if world.rank == 0 else None)[0]
+    if world.rank != 0:
+        m = _shm.open_existing(name, nbytes)
+    keep.append(m)
+    dist.barrier(group=world.cpu_group)
+    if world.rank == 0:
+        _shm.unlink(name)  # every rank has mapped it: nothing stays in /dev/shm
+    return ControlBlock(m, world.rank, world.world_size, timeout)
+
+
+def _cpu_heap(world: World, layout: HeapLayout, timeout: float, keep: list):
+    _shm.sweep_orphans()
+    free = _shm.free_bytes()
+    need = layout.size * world.world_size
+    if free is not None and world.rank == 0 and need > free:
+        # Pages are only backed when touched, but a world that outgrows /dev/shm dies of
+        # SIGBUS; refuse up front instead.
+        raise CommlabUsageError(
+            f"commlab.init: heap_size {_fmt_bytes(layout.size)} x {world.world_size} ranks "
+            f"needs {_fmt_bytes(need)} of /dev/shm, which has {_fmt_bytes(free)} free; pass "
+            f"a smaller heap_size (e.g. heap_size='16MiB') or enlarge /dev/shm"
+        )
+    name = _shm.segment_name(world.token, "heap", world.rank)
+    mine = _shm.create(name, layout.size)
+    names = _exchange(world, name)
+    maps = [mine if r == world.rank else _shm.open_existing(n, layout.size)
+            for r, n in enumerate(names)]
+    keep.extend(maps)
+    control = _make_control(world, timeout, keep)  # has a barrier: all heaps are mapped
+    _shm.unlink(name)
+    bases = [_addr(m) for m in maps]
+    local = torch.frombuffer(mine, dtype=torch.uint8)
+
+    def make_block(off: int, nbytes: int):
+        owner = (ctypes.c_uint8 * nbytes).from_buffer(mine, off)
+        return owner, torch.frombuffer(owner, dtype=torch.uint8)
+
+    heap = SymmetricHeap(layout, world.rank, bases, world.device, local, make_block)
+    return heap, control
+
+
+class _CudaBlock:
+    """Owns a sub-range of the CUDA heap; torch keeps it alive while a tensor uses it."""
+
+    def __init__(self, ptr: int, nbytes: int, heap_buf: torch.Tensor):
+        self._heap_buf = heap_buf
+        self.__cuda_array_interface__ = {
+            "shape": (nbytes,), "typestr": "|u1", "data": (ptr, False),
+            "version": 3, "strides": None, "stream": None,
+        }
+
+
+def _cuda_heap(world: World, layout: HeapLayout, timeout: float, keep: list):
+    os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")  # never multicast here
+    import torch.distributed._symmetric_memory as symm_mem
+
+    buf = symm_mem.empty(layout.size, dtype=torch.uint8, device=world.device)
+    group_name = world.group.group_name
+    hdl = symm_mem.rendezvous(buf, group_name)
+    bases = [int(p) for p in hdl.buffer_ptrs]
+    buf[: layout.scratch].zero_()  # signal pad and flags start at zero
+    torch.cuda.synchronize(world.device)
+    keep.extend([buf, hdl])
+    control = _make_control(world, timeout, keep)  # its barrier also orders the zeroing
+
+    def make_block(off: int, nbytes: int):
+        owner = _CudaBlock(bases[world.rank] + off, nbytes, buf)
+        return owner, torch.as_tensor(owner, device=world.device)
+
+    heap = SymmetricHeap(layout, world.rank, bases, world.device, buf, make_block)
+    return heap, control
+
+
+def get_communicator() -> Communicator:
+    if _COMM is None or _COMM.closed:
+        raise CommlabUsageError(
+            "no communicator: call comm = commlab.init() first (inside %%distributed cells "
+            "the engine has done it for you)"
+        )
+    return _COMM
+
+
+def finalize() -> None:
+    """Close this process's communicator, if any (idempotent)."""
+    if _COMM is not None:
+        _COMM.close()
+
+
+atexit.register(finalize)
+
+
+def symmetric_empty(shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """A tensor in the symmetric heap: the same offset on every rank, so kernels can reach
+    a peer's copy with ``cl.symm_at``. Collective: every rank allocates in the same order."""
+    comm = get_communicator()
+    shape = (shape,) if isinstance(shape, int) else tuple(int(s) for s in shape)
+    if any(s < 0 for s in shape):
+        raise CommlabUsageError(f"symmetric_empty: shape must be non-negative, got {shape}")
+    t, off = comm.heap.allocate(shape, dtype)
+    comm.control.agree(Signature(
+        "symmetric_empty",
+        {"shape": shape, "dtype": str(dtype).replace("torch.", ""), "heap offset": off},
+        hints={"heap offset": "allocate (and free) symmetric tensors in the same order on "
+                              "every rank, so each lands at the same offset"},
+    ))
+    return t
+
+
+def symmetric_zeros(shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Like symmetric_empty, filled with zeros (every rank's zeros are written on return)."""
+    from commlab.collectives.barrier import barrier
+
+    t = symmetric_empty(shape, dtype)
+    t.zero_()
+    barrier()  # peers may now read our zeros
+    return t
