@@ -1,0 +1,112 @@
+"""Run a function on a fresh world of ranks, from a test or a script.
+
+    from commlab.testing import run_world
+
+    def check(comm, n):
+        x = torch.randn(n)
+        return commlab.all_reduce(x).sum().item()
+
+    results = run_world(check, world_size=3, args=(1000,))   # one result per rank
+
+Ranks are *spawned* processes (never forked), each with torch.distributed's environment
+set, ``commlab.init(backend)`` done, and ``fn(comm, *args)`` called. A rank that raises
+makes ``run_world`` raise ``WorldError`` with every rank's traceback; a world that has
+not finished within ``timeout`` seconds is killed (by pid) and reported.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import queue
+import socket
+import time
+import traceback
+
+import torch.multiprocessing as mp
+
+
+class WorldError(RuntimeError):
+    """One or more ranks failed; ``.failures`` maps rank -> traceback text."""
+
+    def __init__(self, message: str, failures: dict[int, str]):
+        super().__init__(message)
+        self.failures = failures
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_main(rank, world_size, port, backend, fn, args, kwargs, results, env):
+    os.environ.update(env)
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
+                      LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    if backend == "cpu":
+        os.environ.setdefault("COMMLAB_BACKEND", "cpu")
+    try:
+        import commlab
+
+        comm = commlab.init(backend=backend)
+        out = fn(comm, *args, **kwargs)
+        try:
+            payload = pickle.dumps(out)
+        except Exception as e:  # report unpicklable results plainly
+            raise TypeError(f"run_world: rank {rank}'s result cannot be pickled: {e}") from e
+        results.put((rank, True, payload))
+        commlab.finalize()
+    except BaseException:
+        results.put((rank, False, traceback.format_exc()))
+
+
+def run_world(fn, world_size: int, args: tuple = (), kwargs: dict | None = None, *,
+              backend: str = "cpu", timeout: float = 180.0, env: dict | None = None) -> list:
+    """Run ``fn(comm, *args, **kwargs)`` on ``world_size`` fresh ranks; return the results
+    in rank order. ``fn`` must be importable (a module-level function)."""
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = free_port()
+    procs = [
+        ctx.Process(target=_rank_main, daemon=True,
+                    args=(r, world_size, port, backend, fn, args, kwargs or {}, results,
+                          env or {}))
+        for r in range(world_size)
+    ]
+    for p in procs:
+        p.start()
+    got: dict[int, tuple[bool, object]] = {}
+    deadline = time.monotonic() + timeout
+    try:
+        while len(got) < world_size:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                rank, ok, payload = results.get(timeout=min(left, 0.5))
+            except queue.Empty:
+                dead = [r for r, p in enumerate(procs)
+                        if not p.is_alive() and p.exitcode not in (0, None) and r not in got]
+                for r in dead:
+                    got[r] = (False, f"rank {r} died with exit code {procs[r].exitcode}")
+                continue
+            got[rank] = (ok, payload)
+            if not ok:  # one rank failed: give the others a moment to report, then stop
+                deadline = min(deadline, time.monotonic() + 10)
+    finally:
+        for p in procs:
+            p.join(timeout=5 if len(got) == world_size else 0.1)
+        for p in procs:
+            if p.is_alive():
+                p.kill()  # our own child, by pid
+                p.join(5)
+    failures = {r: str(v) for r, (ok, v) in got.items() if not ok}
+    missing = [r for r in range(world_size) if r not in got]
+    for r in missing:
+        failures[r] = f"rank {r} did not finish within {timeout:g} s (killed)"
+    if failures:
+        text = "\n".join(f"--- rank {r} ---\n{failures[r]}" for r in sorted(failures))
+        raise WorldError(f"{len(failures)} of {world_size} ranks failed:\n{text}", failures)
+    return [pickle.loads(got[r][1]) for r in range(world_size)]
