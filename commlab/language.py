@@ -34,8 +34,16 @@ MAX_WORLD = tl.constexpr(64)  # must match commlab.runtime.heap.MAX_WORLD
 CTX_BASES = tl.constexpr(4)  # ctx[4 + r] = base of rank r's heap
 
 
-def _host_yield():  # interpreter only: let the ranks we wait for run
-    os.sched_yield()
+if _interpret.interpreting():
+
+    def _host_yield():  # interpreter: let the ranks we wait for have the core
+        os.sched_yield()
+
+else:
+
+    @triton.jit
+    def _host_yield():  # compiled: never reached (INTERPRET is False), but Triton's
+        pass  # dependency scan still resolves the name, so it must be a jit function
 
 
 # --- who am I ---------------------------------------------------------------------

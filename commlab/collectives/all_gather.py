@@ -16,8 +16,7 @@ import triton
 import triton.language as tl
 
 import commlab.language as cl
-from commlab.collectives._common import Call, agree, check_local, launch_for, peer_ptr
-from commlab import trace
+from commlab.collectives._common import Call, agree, check_local, launch_for, peer_ptr, traced
 
 
 @triton.jit
@@ -66,7 +65,7 @@ def all_gather(x: torch.Tensor) -> torch.Tensor:
     world = comm.world_size
     out = torch.empty((world * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
     flat, n = x.view(-1), x.numel()
-    with trace.collective("all_gather", n * x.element_size() * world, "direct", comm.device):
+    with traced("all_gather", n * x.element_size() * world, "direct", comm.device):
         step = comm.scratch_bytes // x.element_size() // 64 * 64
         for lo in range(0, n, step):
             hi = min(n, lo + step)

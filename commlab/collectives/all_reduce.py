@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from commlab import trace
-from commlab.collectives._common import OPS, agree, check_local, comm_or_raise
+from commlab.collectives._common import OPS, agree, check_local, comm_or_raise, traced
 from commlab.collectives._select import choose_all_reduce
 from commlab.collectives.one_shot_all_reduce import one_shot_all_reduce
 from commlab.collectives.ring_all_reduce import ring_all_reduce
@@ -33,6 +32,6 @@ def all_reduce(x: torch.Tensor, op: str = "sum", algorithm: str = "auto") -> tor
         return out
     nbytes = x.numel() * x.element_size()
     algo = choose_all_reduce(comm, x.dtype, nbytes) if algorithm == "auto" else algorithm
-    with trace.collective("all_reduce", nbytes, algo, comm.device):
+    with traced("all_reduce", nbytes, algo, comm.device):
         _IMPLS[algo](comm, x.view(-1), out.view(-1), OPS[op])
     return out

@@ -15,8 +15,14 @@ import triton
 import triton.language as tl
 
 import commlab.language as cl
-from commlab import trace
-from commlab.collectives._common import agree, check_local, comm_or_raise, launch_for, peer_ptr
+from commlab.collectives._common import (
+    agree,
+    check_local,
+    comm_or_raise,
+    launch_for,
+    peer_ptr,
+    traced,
+)
 
 
 @triton.jit
@@ -60,7 +66,7 @@ def all_to_all(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty_like(x)
     rows = x.view(world, -1)
     c = rows.shape[1]
-    with trace.collective("all_to_all", x.numel() * x.element_size(), "direct", comm.device):
+    with traced("all_to_all", x.numel() * x.element_size(), "direct", comm.device):
         step = comm.scratch_bytes // (x.element_size() * world) // 64 * 64
         for lo in range(0, c, step):
             hi = min(c, lo + step)

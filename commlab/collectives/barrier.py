@@ -10,8 +10,7 @@ from __future__ import annotations
 import triton
 
 import commlab.language as cl
-from commlab import trace
-from commlab.collectives._common import agree, comm_or_raise
+from commlab.collectives._common import agree, comm_or_raise, traced
 
 
 @triton.jit
@@ -23,5 +22,5 @@ def barrier() -> None:
     """Block until every rank has reached this barrier (host and device)."""
     comm = comm_or_raise()
     agree("barrier", None, "")
-    with trace.collective("barrier", 0, "signal", comm.device):
+    with traced("barrier", 0, "signal", comm.device):
         barrier_kernel[(1,)](comm.context)

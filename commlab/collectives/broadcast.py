@@ -16,8 +16,14 @@ import triton
 import triton.language as tl
 
 import commlab.language as cl
-from commlab import trace
-from commlab.collectives._common import agree, check_local, comm_or_raise, launch_for, peer_ptr
+from commlab.collectives._common import (
+    agree,
+    check_local,
+    comm_or_raise,
+    launch_for,
+    peer_ptr,
+    traced,
+)
 
 
 @triton.jit
@@ -54,7 +60,7 @@ def broadcast(x: torch.Tensor, src: int = 0) -> torch.Tensor:
     out = torch.empty_like(x)
     flat, n = x.view(-1), x.numel()
     flat_out = out.view(-1)
-    with trace.collective("broadcast", n * x.element_size(), "direct", comm.device):
+    with traced("broadcast", n * x.element_size(), "direct", comm.device):
         step = comm.scratch_bytes // x.element_size() // 64 * 64
         for lo in range(0, n, step):
             hi = min(n, lo + step)

@@ -1,12 +1,19 @@
-"""One-shot all-reduce: every rank reads every peer's whole input and reduces locally.
+"""One-shot all-reduce: every rank pushes its whole input to every peer, then reduces.
 
-Wins when latency dominates (small messages): one barrier round trip and one pass,
-at the price of each rank reading (W-1)·N elements over the links.
+Wins when latency dominates (small messages, every world size) and, with two ranks, at
+every size: each rank sends N bytes and receives N, the least any all-reduce can move
+between two GPUs, with a single synchronisation. With W ranks it sends (W-1)·N, so
+beyond two ranks two-shot takes over from mid sizes (see _select).
 
-    stage x into my scratch
-    barrier                      # every rank's input is staged: peers may read ours
-    out = reduce over r of scratch@r
-    barrier                      # every peer has finished reading our scratch
+The input is read in place (no staging copy). Receive slots are double-buffered by the
+call number, which is what lets a call return without a trailing barrier: a rank can
+only write slot half h again two calls later, after the peer has synchronised with it
+in the call in between.
+
+    n = this program's call number;  recv = scratch[n % 2]        # [W, CAP] slots
+    for each of my blocks b:   recv@peer[me][b] = x[b]           for every peer
+    signal every peer (n);  wait for every peer (n)   # their pushes into our slots landed
+    for each of my blocks b:   out[b] = x[b] (op) recv[src][b]   over every src != me
 """
 
 from __future__ import annotations
@@ -16,18 +23,22 @@ import triton
 import triton.language as tl
 
 import commlab.language as cl
+from commlab.collectives import _sync
 from commlab.collectives._common import combine, launch_for, load_acc, peer_ptr
+from commlab.collectives._launch import launch
 
 
 @triton.jit
 def one_shot_all_reduce_kernel(
-    # Symmetric buffers
-    scratch_ptr,  # [N] this rank's staged input (same offset on every rank)
     # Local buffers
+    x_ptr,  # [N] this rank's input (any device memory: read in place)
     out_ptr,  # [N]
+    # Symmetric buffers
+    scratch_ptr,  # [2, W, CAP] receive slots, same offset on every rank
     ctx,
     # Sizes
     N,
+    CAP,  # elements per receive slot (>= N)
     # Meta-parameters
     OP: tl.constexpr,
     BLOCK: tl.constexpr,
@@ -36,32 +47,44 @@ def one_shot_all_reduce_kernel(
     nprog = tl.num_programs(0)
     me = cl.rank(ctx)
     world = cl.num_ranks(ctx)
-    # --- every rank's input is staged: peers may now read ours
-    cl.barrier(ctx)
-    # --- reduce: start with our own values, then each peer's, rotating the start so the
-    # ranks do not all read from rank 0 at once
+    n = _sync.begin_call(ctx)
+    recv = scratch_ptr + (n % 2).to(tl.int64) * world * CAP  # this call's half
+    # --- push: our input into our slot on every peer
     for start in range(pid * BLOCK, N, nprog * BLOCK):
         offs = start + tl.arange(0, BLOCK)
         mask = offs < N
-        acc = load_acc(scratch_ptr + offs, mask)
+        v = tl.load(x_ptr + offs, mask=mask)
         for i in range(1, world):
-            src = peer_ptr(scratch_ptr, (me + i) % world, ctx)
-            acc = combine(acc, load_acc(src + offs, mask), OP)
+            dst = peer_ptr(recv, (me + i) % world, ctx) + me.to(tl.int64) * CAP
+            tl.store(dst + offs, v, mask=mask)
+    # --- every peer's push into our slots has landed (and ours into theirs)
+    _sync.signal_all(ctx, n * _sync.PHASES + 1)
+    _sync.wait_all(ctx, n * _sync.PHASES + 1)
+    # --- reduce locally: own values first, then each slot
+    for start in range(pid * BLOCK, N, nprog * BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        mask = offs < N
+        acc = load_acc(x_ptr + offs, mask)
+        for i in range(1, world):
+            src = (me + i) % world
+            acc = combine(acc, load_acc(recv + src.to(tl.int64) * CAP + offs, mask), OP)
         tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
-    # --- every peer has read our scratch: the next collective may overwrite it
-    cl.barrier(ctx)
+    _sync.end_call(ctx, n)
+
+
+def one_shot_capacity(comm, elem_size: int) -> int:
+    """Largest element count one launch handles (two halves of W slots in the scratch)."""
+    return comm.scratch_bytes // (2 * comm.world_size * elem_size) // 64 * 64
 
 
 def one_shot_all_reduce(comm, flat: torch.Tensor, out: torch.Tensor, op: int) -> None:
-    """Reduce ``flat`` (contiguous, 1-D) across ranks into ``out``, chunked to the scratch."""
+    """Reduce ``flat`` (contiguous, 1-D) across ranks into ``out``."""
     n = flat.numel()
-    step = comm.scratch_bytes // flat.element_size() // 64 * 64
-    for lo in range(0, n, step):
-        hi = min(n, lo + step)
-        scratch = comm.scratch((hi - lo) * flat.element_size(), flat.dtype)
-        scratch.copy_(flat[lo:hi])
+    cap = one_shot_capacity(comm, flat.element_size())
+    for lo in range(0, n, cap):
+        hi = min(n, lo + cap)
         cfg = launch_for(comm, hi - lo)
-        one_shot_all_reduce_kernel[(cfg.programs,)](
-            scratch, out[lo:hi], comm.context, hi - lo,
-            OP=op, BLOCK=cfg.block, num_warps=cfg.num_warps,
-        )
+        scratch = comm.scratch(2 * comm.world_size * cap * flat.element_size(), flat.dtype)
+        launch(one_shot_all_reduce_kernel, (cfg.programs,),
+               (flat[lo:hi], out[lo:hi], scratch, comm.context, hi - lo, cap),
+               {"OP": op, "BLOCK": cfg.block}, num_warps=cfg.num_warps, backend=comm.backend)

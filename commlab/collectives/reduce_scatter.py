@@ -16,7 +16,6 @@ import triton
 import triton.language as tl
 
 import commlab.language as cl
-from commlab import trace
 from commlab.collectives._common import (
     OPS,
     agree,
@@ -26,6 +25,7 @@ from commlab.collectives._common import (
     launch_for,
     load_acc,
     peer_ptr,
+    traced,
 )
 
 
@@ -73,7 +73,7 @@ def reduce_scatter(x: torch.Tensor, op: str = "sum") -> torch.Tensor:
     out = torch.empty((x.shape[0] // world, *x.shape[1:]), dtype=x.dtype, device=x.device)
     rows = x.view(world, -1)  # [W, C]: chunk r is row r
     c = rows.shape[1]
-    with trace.collective("reduce_scatter", x.numel() * x.element_size(), "direct", comm.device):
+    with traced("reduce_scatter", x.numel() * x.element_size(), "direct", comm.device):
         step = comm.scratch_bytes // (x.element_size() * world) // 64 * 64
         flat_out = out.view(-1)
         for lo in range(0, c, step):

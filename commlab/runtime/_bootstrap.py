@@ -31,6 +31,13 @@ class World:
     owns_pg: bool
 
 
+# The TCPStore outlives finalize(): rank 0's store serves MASTER_PORT, so a second
+# init() in the same processes must reuse it (a new server would find the port taken).
+# Each bootstrap uses fresh keys under its own generation (every rank counts the same).
+_STORES: dict[tuple[str, int], dist.Store] = {}
+_generation = 0
+
+
 def _env_int(name: str) -> int | None:
     v = os.environ.get(name)
     return int(v) if v not in (None, "") else None
@@ -65,8 +72,15 @@ def bootstrap(backend: str, timeout_s: float) -> World:
             )
         # under torchrun the agent already serves the store on MASTER_PORT
         agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
-        store = dist.TCPStore(addr, port, world_size, is_master=(rank == 0 and not agent_store),
-                              timeout=timeout)
+        key = (addr, port)
+        if key not in _STORES:
+            _STORES[key] = dist.TCPStore(addr, port, world_size,
+                                         is_master=(rank == 0 and not agent_store),
+                                         timeout=timeout)
+        store = _STORES[key]
+    global _generation
+    _generation += 1
+    store = dist.PrefixStore(f"commlab/{_generation}", store)
 
     chosen = _agree_backend(store, rank, world_size, local_rank, backend)
     if chosen == "cuda":
@@ -77,12 +91,12 @@ def bootstrap(backend: str, timeout_s: float) -> World:
         device = torch.device("cpu")
         pg_backend = "gloo"
     if rank == 0:
-        store.set("commlab/token", uuid.uuid4().hex[:12])
-    token = store.get("commlab/token").decode()
+        store.set("token", uuid.uuid4().hex[:12])
+    token = store.get("token").decode()
     kwargs = {"device_id": device} if chosen == "cuda" else {}
     dist.init_process_group(
         pg_backend,
-        store=dist.PrefixStore("commlab/pg", store),
+        store=dist.PrefixStore("pg", store),
         rank=rank,
         world_size=world_size,
         timeout=timeout,
@@ -93,8 +107,8 @@ def bootstrap(backend: str, timeout_s: float) -> World:
 
 
 def _agree_backend(store, rank: int, world_size: int, local_rank: int, wanted: str) -> str:
-    store.set(f"commlab/gpu/{rank}", "1" if _has_gpu(local_rank) else "0")
-    flags = [store.get(f"commlab/gpu/{r}").decode() == "1" for r in range(world_size)]
+    store.set(f"gpu/{rank}", "1" if _has_gpu(local_rank) else "0")
+    flags = [store.get(f"gpu/{r}").decode() == "1" for r in range(world_size)]
     without = [r for r, f in enumerate(flags) if not f]
     if wanted == "cuda" and without:
         raise BackendUnavailableError(

@@ -14,7 +14,6 @@ which needs every peer to have published ``n + 1``, i.e. to have finished readin
 
 from __future__ import annotations
 
-
 import struct
 import time
 from dataclasses import dataclass, field
@@ -23,6 +22,8 @@ from commlab.errors import CollectiveTimeoutError, RankMismatchError
 
 SLOT = 256
 _HDR = struct.Struct("<qq")  # published seq, signature length
+_SEQ = struct.Struct("<q")
+_LEN = struct.Struct("<q")
 _SIG_MAX = SLOT - _HDR.size
 
 
@@ -81,42 +82,61 @@ class ControlBlock:
         n = self.seq + 1
         raw = sig.encode()
         off = self._slot(self.rank, n)
-        self.buf[off + _HDR.size : off + _HDR.size + len(raw)] = raw
-        _HDR.pack_into(self.buf, off, n, len(raw))  # publish after the body is written
+        buf = self.buf
+        buf[off + _HDR.size : off + _HDR.size + len(raw)] = raw
+        _LEN.pack_into(buf, off + 8, len(raw))
+        # publish last, with one aligned 8-byte store: a peer that sees seq n also
+        # sees the body and length written above (x86 keeps stores in order)
+        _SEQ.pack_into(buf, off, n)
         try:
             self._wait_all(n, sig)
         except BaseException:
-            _HDR.pack_into(self.buf, off, n - 2 if n >= 2 else 0, 0)  # withdraw
+            _SEQ.pack_into(buf, off, n - 2 if n >= 2 else 0)  # withdraw
             raise
         self.seq = n
-        self._compare(n, sig)
+        # fast path: every peer published byte-identical arguments and no local error
+        if sig.error or any(self._raw(r, n) != raw for r in range(self.world_size)
+                            if r != self.rank):
+            self._compare(n, sig)
         return n
 
+    def _raw(self, rank: int, seq: int) -> bytes:
+        off = self._slot(rank, seq)
+        _, length = _HDR.unpack_from(self.buf, off)
+        return bytes(self.buf[off + _HDR.size : off + _HDR.size + length])
+
     def _wait_all(self, n: int, sig: Signature) -> None:
-        start = time.monotonic()
+        pending = [r for r in range(self.world_size) if r != self.rank]
+        start = None
         spins = 0
-        while True:
-            missing = [r for r in range(self.world_size) if self._published(r) < n]
-            if not missing:
+        while pending:
+            pending = [r for r in pending
+                       if _HDR.unpack_from(self.buf, self._slot(r, n))[0] < n]
+            if not pending:
                 return
             spins += 1
+            if start is None:
+                start = time.monotonic()
             if spins > 200:
                 # back off: on small machines the ranks we wait for need this core
                 time.sleep(0 if spins < 2000 else 0.0005)
-            if time.monotonic() - start > self.timeout:
-                where = []
-                for r in missing:
-                    last = self._published(r)
-                    if last == 0:
-                        where.append(f"rank {r} has not entered any collective")
-                    else:
-                        where.append(f"rank {r} last entered {self._read(r, last).op} #{last}")
-                raise CollectiveTimeoutError(
-                    f"{sig.op} #{n} on rank {self.rank}: {_ranks_str(missing)} did not arrive "
-                    f"within {self.timeout:g} s ({'; '.join(where)}). A collective must be "
-                    f"called by every rank, in the same order; check for a rank-dependent "
-                    f"branch around it, or raise the limit with commlab.init(timeout=...)"
-                )
+            if spins % 64 == 0 and time.monotonic() - start > self.timeout:
+                self._timeout(n, sig, pending)
+
+    def _timeout(self, n: int, sig: Signature, missing: list[int]) -> None:
+        where = []
+        for r in missing:
+            last = self._published(r)
+            if last == 0:
+                where.append(f"rank {r} has not entered any collective")
+            else:
+                where.append(f"rank {r} last entered {self._read(r, last).op} #{last}")
+        raise CollectiveTimeoutError(
+            f"{sig.op} #{n} on rank {self.rank}: {_ranks_str(missing)} did not arrive "
+            f"within {self.timeout:g} s ({'; '.join(where)}). A collective must be "
+            f"called by every rank, in the same order; check for a rank-dependent "
+            f"branch around it, or raise the limit with commlab.init(timeout=...)"
+        )
 
     def _compare(self, n: int, mine: Signature) -> None:
         sigs = [mine if r == self.rank else self._read(r, n) for r in range(self.world_size)]

@@ -9,11 +9,10 @@ are swept by the next ``init`` on the machine.
 
 from __future__ import annotations
 
+import _posixshmem
 import mmap
 import os
 import re
-
-import _posixshmem
 
 _SHM_DIR = "/dev/shm"
 _NAME_RE = re.compile(r"^commlab-[0-9a-f]+-[a-z]+-r\d+-p(\d+)$")

@@ -25,7 +25,7 @@ from commlab.runtime.heap import (
 
 _DEFAULTS = {  # backend -> (heap_size, scratch_size)
     "cpu": (64 << 20, 16 << 20),
-    "cuda": (3 << 30, 2 << 30),
+    "cuda": (6 << 30, 4 << 30),
 }
 
 
@@ -127,7 +127,7 @@ def init(backend: str = "auto", *, heap_size=None, scratch_size=None,
 
     backend: "auto" (cuda when every rank has a GPU), "cpu" (Triton's interpreter, ranks
     as processes sharing memory) or "cuda". heap_size / scratch_size: bytes or strings
-    like "256MiB" (defaults: COMMLAB_HEAP_SIZE, else 64 MiB on cpu, 3 GiB on cuda).
+    like "256MiB" (defaults: COMMLAB_HEAP_SIZE, else 64 MiB on cpu, 6 GiB on cuda).
     timeout: seconds a collective waits for missing ranks before raising (default
     COMMLAB_TIMEOUT, else 300). Calling init again returns the same communicator.
     """
@@ -146,7 +146,7 @@ def init(backend: str = "auto", *, heap_size=None, scratch_size=None,
     d_heap, d_scratch = _DEFAULTS[world.backend]
     size = _parse_size(heap_size or os.environ.get("COMMLAB_HEAP_SIZE", d_heap))
     scratch = _parse_size(scratch_size or os.environ.get("COMMLAB_SCRATCH_SIZE",
-                                                        min(d_scratch, size // 4)))
+                                                        min(d_scratch, size // 2)))
     layout = HeapLayout(size=size, scratch_bytes=scratch)
     layout.check()
     keep: list = []
