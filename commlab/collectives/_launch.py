@@ -29,15 +29,16 @@ def _spec(a):
 
 
 def launch(kernel, grid: tuple, args: tuple, consts: dict, *, num_warps: int = 4,
-           backend: str = "cuda") -> None:
+           backend: str = "cuda"):
     """Launch ``kernel[grid](*args, **consts)``; constexprs must be the kernel's last
-    parameters, in ``consts``' order."""
+    parameters, in ``consts``' order. Returns the CompiledKernel on CUDA, else None."""
     if backend != "cuda" or not _FAST:
         kernel[grid](*args, **consts, num_warps=num_warps)
-        return
+        return None
     key = (kernel, tuple(consts.items()), num_warps, tuple(_spec(a) for a in args))
     compiled = _CACHE.get(key)
     if compiled is None:
-        _CACHE[key] = kernel[grid](*args, **consts, num_warps=num_warps)
-        return
+        compiled = _CACHE[key] = kernel[grid](*args, **consts, num_warps=num_warps)
+        return compiled
     compiled[(grid + (1, 1))[:3]](*args, *consts.values())
+    return compiled

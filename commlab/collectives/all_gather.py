@@ -1,12 +1,14 @@
 """All-gather: every rank ends with every rank's input, concatenated along dim 0.
 
-Direct (one-shot) pull: each rank copies each peer's staged input straight into its
-output, peers visited in a rotated order so no rank is read by everyone at once.
+Direct push: each rank writes its input into its slot of every peer's inbox, then
+copies the slots it received into its output. Each rank sends (W-1)·N and receives the
+same, the minimum; the input is read in place. Inboxes are double-buffered by the call
+number (as in one-shot all-reduce), so no trailing barrier is needed.
 
-    stage x into my scratch
-    barrier                      # inputs staged
-    out[r] = scratch@r           for every r
-    barrier                      # peers finished reading our scratch
+    n = this program's call number;  inbox = scratch[n % 2]        # [W, CAP]
+    for each of my blocks b:  out[me][b] = x[b];  inbox@peer[me][b] = x[b]  for every peer
+    signal every peer (n);  wait for every peer (n)      # their slots in our inbox landed
+    for each of my blocks b:  out[src][b] = inbox[src][b]            for every src != me
 """
 
 from __future__ import annotations
@@ -16,20 +18,31 @@ import triton
 import triton.language as tl
 
 import commlab.language as cl
-from commlab.collectives._common import Call, agree, check_local, launch_for, peer_ptr, traced
+from commlab.collectives import _sync
+from commlab.collectives._common import (
+    agree,
+    check_local,
+    comm_or_raise,
+    launch_for,
+    peer_ptr,
+    traced,
+)
+from commlab.collectives._launch import launch
 
 
 @triton.jit
 def all_gather_kernel(
-    # Symmetric buffers
-    scratch_ptr,  # [N] this rank's staged input
     # Local buffers
-    out_ptr,  # [W * N_TOTAL] with this call's piece at column offset COL
+    x_ptr,  # [N] this piece of our input, read in place
+    out_ptr,  # [W, N_TOTAL]: this piece lands at column COL of every row
+    # Symmetric buffers
+    scratch_ptr,  # [2, W, CAP] inboxes
     ctx,
     # Sizes
-    N,  # elements in this piece
-    N_TOTAL,  # elements of the whole input (row stride of the output)
-    COL,  # where this piece starts inside each rank's row
+    N,
+    CAP,
+    N_TOTAL,
+    COL,
     # Meta-parameters
     BLOCK: tl.constexpr,
 ):
@@ -37,16 +50,30 @@ def all_gather_kernel(
     nprog = tl.num_programs(0)
     me = cl.rank(ctx)
     world = cl.num_ranks(ctx)
-    cl.barrier(ctx)  # inputs staged: peers may read ours
-    for i in range(0, world):
-        r = (me + i) % world
-        src = peer_ptr(scratch_ptr, r, ctx)
-        dst = out_ptr + r.to(tl.int64) * N_TOTAL + COL
+    n = _sync.begin_call(ctx)
+    inbox = scratch_ptr + (n % 2).to(tl.int64) * world * CAP
+    mine = out_ptr + me.to(tl.int64) * N_TOTAL + COL
+    # --- push our piece into every peer's inbox, and into our own output row
+    for start in range(pid * BLOCK, N, nprog * BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        mask = offs < N
+        v = tl.load(x_ptr + offs, mask=mask)
+        tl.store(mine + offs, v, mask=mask)
+        for i in range(1, world):
+            dst = peer_ptr(inbox, (me + i) % world, ctx) + me.to(tl.int64) * CAP
+            tl.store(dst + offs, v, mask=mask)
+    _sync.signal_all(ctx, n * _sync.PHASES + 1)
+    _sync.wait_all(ctx, n * _sync.PHASES + 1)  # every peer's piece is in our inbox
+    # --- copy the received pieces into their rows
+    for i in range(1, world):
+        src = (me + i) % world
+        row = out_ptr + src.to(tl.int64) * N_TOTAL + COL
+        slot = inbox + src.to(tl.int64) * CAP
         for start in range(pid * BLOCK, N, nprog * BLOCK):
             offs = start + tl.arange(0, BLOCK)
             mask = offs < N
-            tl.store(dst + offs, tl.load(src + offs, mask=mask), mask=mask)
-    cl.barrier(ctx)  # peers finished reading our scratch
+            tl.store(row + offs, tl.load(slot + offs, mask=mask), mask=mask)
+    _sync.end_call(ctx, n)
 
 
 def all_gather(x: torch.Tensor) -> torch.Tensor:
@@ -54,26 +81,23 @@ def all_gather(x: torch.Tensor) -> torch.Tensor:
 
     ``x`` must have the same shape and dtype on every rank; returns a new tensor of shape
     ``[world_size * x.shape[0], *x.shape[1:]]``."""
-    from commlab.collectives._common import comm_or_raise
-
     comm = comm_or_raise()
-    err = check_local("all_gather", comm, x, split_dim0=False)
+    err = check_local("all_gather", comm, x)
     if not err and x.dim() == 0:
         err = "needs a tensor with at least one dimension, got a 0-d tensor; pass x.reshape(1)"
-    call: Call = agree("all_gather", x, err)
+    call = agree("all_gather", x, err)
     x = call.x.contiguous()
     world = comm.world_size
     out = torch.empty((world * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
     flat, n = x.view(-1), x.numel()
-    with traced("all_gather", n * x.element_size() * world, "direct", comm.device):
-        step = comm.scratch_bytes // x.element_size() // 64 * 64
-        for lo in range(0, n, step):
-            hi = min(n, lo + step)
-            scratch = comm.scratch((hi - lo) * x.element_size(), x.dtype)
-            scratch.copy_(flat[lo:hi])
+    esz = x.element_size()
+    cap = comm.scratch_bytes // (2 * world * esz) // 64 * 64
+    with traced("all_gather", n * esz * world, "direct", comm.device):
+        for lo in range(0, n, cap):
+            hi = min(n, lo + cap)
+            scratch = comm.scratch(2 * world * cap * esz, x.dtype)
             cfg = launch_for(comm, hi - lo)
-            all_gather_kernel[(cfg.programs,)](
-                scratch, out, comm.context, hi - lo, n, lo,
-                BLOCK=cfg.block, num_warps=cfg.num_warps,
-            )
+            launch(all_gather_kernel, (cfg.programs,),
+                   (flat[lo:hi], out, scratch, comm.context, hi - lo, cap, n, lo),
+                   {"BLOCK": cfg.block}, num_warps=cfg.num_warps, backend=comm.backend)
     return out

@@ -1,11 +1,13 @@
 """All-to-all: dim 0 splits in W chunks; chunk j of rank i lands as chunk i on rank j.
 
-Direct pull: rank j copies chunk j of every peer's staged input into its own output.
+Direct push: each rank writes chunk c of its input into its slot of rank c's inbox and
+then copies the slots it received into its output. Inboxes are double-buffered by the
+call number (no trailing barrier).
 
-    stage x into my scratch
-    barrier                      # inputs staged
-    out[r] = scratch@r[chunk me]   for every r
-    barrier                      # peers finished reading our scratch
+    n = call number;  inbox = scratch[n % 2]                       # [W, CAP]
+    for every peer c:  inbox@c[me] = x[chunk c];      out[me] = x[chunk me]
+    signal every peer (n);  wait for every peer (n)
+    out[src] = inbox[src]     for every src != me
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import triton
 import triton.language as tl
 
 import commlab.language as cl
+from commlab.collectives import _sync
 from commlab.collectives._common import (
     agree,
     check_local,
@@ -23,17 +26,20 @@ from commlab.collectives._common import (
     peer_ptr,
     traced,
 )
+from commlab.collectives._launch import launch
 
 
 @triton.jit
 def all_to_all_kernel(
-    # Symmetric buffers
-    scratch_ptr,  # [W, COLS] staged piece of each outgoing chunk
     # Local buffers
-    out_ptr,  # [W, C] rows are incoming chunks; this piece at column COL
+    x_ptr,  # [W, C] outgoing chunks as rows; this piece is columns [COL, COL+COLS)
+    out_ptr,  # [W, C] incoming chunks as rows
+    # Symmetric buffers
+    scratch_ptr,  # [2, W, CAP] inboxes
     ctx,
     # Sizes
     COLS,
+    CAP,
     C,
     COL,
     # Meta-parameters
@@ -43,16 +49,33 @@ def all_to_all_kernel(
     nprog = tl.num_programs(0)
     me = cl.rank(ctx)
     world = cl.num_ranks(ctx)
-    cl.barrier(ctx)  # inputs staged
+    me64 = me.to(tl.int64)
+    n = _sync.begin_call(ctx)
+    inbox = scratch_ptr + (n % 2).to(tl.int64) * world * CAP
+    # --- push chunk c to rank c; keep our own chunk
     for i in range(0, world):
-        r = (me + i) % world
-        src = peer_ptr(scratch_ptr, r, ctx) + me.to(tl.int64) * COLS
-        dst = out_ptr + r.to(tl.int64) * C + COL
+        c = (me + i) % world
+        src = x_ptr + c.to(tl.int64) * C + COL
+        if i == 0:
+            dst = out_ptr + me64 * C + COL
+        else:
+            dst = peer_ptr(inbox, c, ctx) + me64 * CAP
         for start in range(pid * BLOCK, COLS, nprog * BLOCK):
             offs = start + tl.arange(0, BLOCK)
             mask = offs < COLS
             tl.store(dst + offs, tl.load(src + offs, mask=mask), mask=mask)
-    cl.barrier(ctx)  # peers finished reading our scratch
+    _sync.signal_all(ctx, n * _sync.PHASES + 1)
+    _sync.wait_all(ctx, n * _sync.PHASES + 1)  # every chunk sent to us has landed
+    # --- copy received chunks into their rows
+    for i in range(1, world):
+        s = (me + i) % world
+        slot = inbox + s.to(tl.int64) * CAP
+        row = out_ptr + s.to(tl.int64) * C + COL
+        for start in range(pid * BLOCK, COLS, nprog * BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            mask = offs < COLS
+            tl.store(row + offs, tl.load(slot + offs, mask=mask), mask=mask)
+    _sync.end_call(ctx, n)
 
 
 def all_to_all(x: torch.Tensor) -> torch.Tensor:
@@ -64,18 +87,15 @@ def all_to_all(x: torch.Tensor) -> torch.Tensor:
     x = call.x.contiguous()
     world = comm.world_size
     out = torch.empty_like(x)
-    rows = x.view(world, -1)
-    c = rows.shape[1]
-    with traced("all_to_all", x.numel() * x.element_size(), "direct", comm.device):
-        step = comm.scratch_bytes // (x.element_size() * world) // 64 * 64
-        for lo in range(0, c, step):
-            hi = min(c, lo + step)
-            cols = hi - lo
-            scratch = comm.scratch(world * cols * x.element_size(), x.dtype).view(world, cols)
-            scratch.copy_(rows[:, lo:hi])
-            cfg = launch_for(comm, cols)
-            all_to_all_kernel[(cfg.programs,)](
-                scratch, out.view(world, c), comm.context, cols, c, lo,
-                BLOCK=cfg.block, num_warps=cfg.num_warps,
-            )
+    c = x.numel() // world
+    esz = x.element_size()
+    cap = comm.scratch_bytes // (2 * world * esz) // 64 * 64
+    with traced("all_to_all", x.numel() * esz, "direct", comm.device):
+        for lo in range(0, c, cap):
+            hi = min(c, lo + cap)
+            scratch = comm.scratch(2 * world * cap * esz, x.dtype)
+            cfg = launch_for(comm, hi - lo)
+            launch(all_to_all_kernel, (cfg.programs,),
+                   (x.view(-1), out.view(-1), scratch, comm.context, hi - lo, cap, c, lo),
+                   {"BLOCK": cfg.block}, num_warps=cfg.num_warps, backend=comm.backend)
     return out

@@ -1,12 +1,14 @@
 """Broadcast: every rank ends with ``src``'s tensor.
 
-Direct pull from the source: after one barrier every rank copies src's staged input;
-the source's link is the bottleneck, so the time is about N / (per-link bandwidth).
+Direct push from the source, after a "ready" handshake: every rank first tells every
+other that it has entered the call (so its inbox is free: the previous call's copy-out
+finished), then the source writes its input into every inbox and signals; the others
+copy their inbox out. The source's outgoing links carry (W-1)·N: about N / link
+bandwidth with two ranks.
 
-    src stages x into its scratch
-    barrier                      # src's input is staged
-    out = scratch@src
-    barrier                      # everyone finished reading src's scratch
+    signal/wait "ready" with every rank
+    src:    inbox@peer = x  for every peer;  out = x;  signal every peer
+    others: wait for src;  out = inbox
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import triton
 import triton.language as tl
 
 import commlab.language as cl
+from commlab.collectives import _sync
 from commlab.collectives._common import (
     agree,
     check_local,
@@ -24,14 +27,16 @@ from commlab.collectives._common import (
     peer_ptr,
     traced,
 )
+from commlab.collectives._launch import launch
 
 
 @triton.jit
 def broadcast_kernel(
-    # Symmetric buffers
-    scratch_ptr,  # [N] staged input (meaningful on src only)
     # Local buffers
+    x_ptr,  # [N] input (read on src only)
     out_ptr,  # [N]
+    # Symmetric buffers
+    scratch_ptr,  # [N] inbox
     ctx,
     # Sizes
     N,
@@ -41,13 +46,27 @@ def broadcast_kernel(
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
-    cl.barrier(ctx)  # src's input is staged
-    src = peer_ptr(scratch_ptr, SRC, ctx)
-    for start in range(pid * BLOCK, N, nprog * BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        mask = offs < N
-        tl.store(out_ptr + offs, tl.load(src + offs, mask=mask), mask=mask)
-    cl.barrier(ctx)  # everyone finished reading src's scratch
+    me = cl.rank(ctx)
+    world = cl.num_ranks(ctx)
+    n = _sync.begin_call(ctx)
+    _sync.signal_all(ctx, n * _sync.PHASES + 1)
+    _sync.wait_all(ctx, n * _sync.PHASES + 1)  # every inbox is free for this call
+    if me == SRC:
+        for start in range(pid * BLOCK, N, nprog * BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            mask = offs < N
+            v = tl.load(x_ptr + offs, mask=mask)
+            tl.store(out_ptr + offs, v, mask=mask)
+            for i in range(1, world):
+                tl.store(peer_ptr(scratch_ptr, (me + i) % world, ctx) + offs, v, mask=mask)
+        _sync.signal_all(ctx, n * _sync.PHASES + 2)
+    else:
+        _sync.wait_from(ctx, SRC, n * _sync.PHASES + 2)  # src's data is in our inbox
+        for start in range(pid * BLOCK, N, nprog * BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            mask = offs < N
+            tl.store(out_ptr + offs, tl.load(scratch_ptr + offs, mask=mask), mask=mask)
+    _sync.end_call(ctx, n)
 
 
 def broadcast(x: torch.Tensor, src: int = 0) -> torch.Tensor:
@@ -60,16 +79,14 @@ def broadcast(x: torch.Tensor, src: int = 0) -> torch.Tensor:
     out = torch.empty_like(x)
     flat, n = x.view(-1), x.numel()
     flat_out = out.view(-1)
-    with traced("broadcast", n * x.element_size(), "direct", comm.device):
-        step = comm.scratch_bytes // x.element_size() // 64 * 64
-        for lo in range(0, n, step):
-            hi = min(n, lo + step)
-            scratch = comm.scratch((hi - lo) * x.element_size(), x.dtype)
-            if comm.rank == src:
-                scratch.copy_(flat[lo:hi])
+    esz = x.element_size()
+    cap = comm.scratch_bytes // esz // 64 * 64
+    with traced("broadcast", n * esz, "direct", comm.device):
+        for lo in range(0, n, cap):
+            hi = min(n, lo + cap)
+            scratch = comm.scratch((hi - lo) * esz, x.dtype)
             cfg = launch_for(comm, hi - lo)
-            broadcast_kernel[(cfg.programs,)](
-                scratch, flat_out[lo:hi], comm.context, hi - lo, src,
-                BLOCK=cfg.block, num_warps=cfg.num_warps,
-            )
+            launch(broadcast_kernel, (cfg.programs,),
+                   (flat[lo:hi], flat_out[lo:hi], scratch, comm.context, hi - lo, src),
+                   {"BLOCK": cfg.block}, num_warps=cfg.num_warps, backend=comm.backend)
     return out

@@ -77,14 +77,18 @@ def one_shot_capacity(comm, elem_size: int) -> int:
     return comm.scratch_bytes // (2 * comm.world_size * elem_size) // 64 * 64
 
 
-def one_shot_all_reduce(comm, flat: torch.Tensor, out: torch.Tensor, op: int) -> None:
-    """Reduce ``flat`` (contiguous, 1-D) across ranks into ``out``."""
+def one_shot_all_reduce(comm, flat: torch.Tensor, out: torch.Tensor, op: int):
+    """Reduce ``flat`` (contiguous, 1-D) across ranks into ``out``. Returns the compiled
+    kernel of the last launch on CUDA (for launch plans), else None."""
     n = flat.numel()
+    compiled = None
     cap = one_shot_capacity(comm, flat.element_size())
     for lo in range(0, n, cap):
         hi = min(n, lo + cap)
         cfg = launch_for(comm, hi - lo)
         scratch = comm.scratch(2 * comm.world_size * cap * flat.element_size(), flat.dtype)
-        launch(one_shot_all_reduce_kernel, (cfg.programs,),
-               (flat[lo:hi], out[lo:hi], scratch, comm.context, hi - lo, cap),
-               {"OP": op, "BLOCK": cfg.block}, num_warps=cfg.num_warps, backend=comm.backend)
+        compiled = launch(one_shot_all_reduce_kernel, (cfg.programs,),
+                          (flat[lo:hi], out[lo:hi], scratch, comm.context, hi - lo, cap),
+                          {"OP": op, "BLOCK": cfg.block}, num_warps=cfg.num_warps,
+                          backend=comm.backend)
+    return compiled

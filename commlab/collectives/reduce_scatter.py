@@ -1,12 +1,13 @@
 """Reduce-scatter: dim 0 splits in W chunks; rank r gets the reduction of chunk r.
 
-Direct pull: each rank reads its chunk from every peer's staged input and reduces it,
-(W-1)/W of the input crossing the links per rank.
+Direct push: each rank writes chunk c of its input into its slot of rank c's inbox,
+then reduces its own chunk with the slots it received. Each rank sends (W-1)/W of its
+input, the minimum. Inboxes are double-buffered by the call number (no trailing barrier).
 
-    stage x into my scratch
-    barrier                      # inputs staged
-    out = reduce over r of scratch@r[chunk me]
-    barrier                      # peers finished reading our scratch
+    n = call number;  inbox = scratch[n % 2]                       # [W, CAP]
+    for every peer c, each of my blocks b:  inbox@c[me][b] = x[chunk c][b]
+    signal every peer (n);  wait for every peer (n)
+    out[b] = x[chunk me][b] (op) inbox[src][b]    over every src != me
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import triton
 import triton.language as tl
 
 import commlab.language as cl
+from commlab.collectives import _sync
 from commlab.collectives._common import (
     OPS,
     agree,
@@ -27,18 +29,22 @@ from commlab.collectives._common import (
     peer_ptr,
     traced,
 )
+from commlab.collectives._launch import launch
 
 
 @triton.jit
 def reduce_scatter_kernel(
-    # Symmetric buffers
-    scratch_ptr,  # [W, CHUNK_TOTAL] staged input piece: COLS columns of each chunk
     # Local buffers
-    out_ptr,  # [CHUNK_TOTAL], this piece at COL
+    x_ptr,  # [W, C] input viewed as rows = chunks; this piece is columns [COL, COL+COLS)
+    out_ptr,  # [C]
+    # Symmetric buffers
+    scratch_ptr,  # [2, W, CAP] inboxes
     ctx,
     # Sizes
-    COLS,  # elements of each chunk in this piece
-    COL,  # where this piece starts inside a chunk
+    COLS,
+    CAP,
+    C,
+    COL,
     # Meta-parameters
     OP: tl.constexpr,
     BLOCK: tl.constexpr,
@@ -47,17 +53,31 @@ def reduce_scatter_kernel(
     nprog = tl.num_programs(0)
     me = cl.rank(ctx)
     world = cl.num_ranks(ctx)
-    cl.barrier(ctx)  # inputs staged
-    mine = scratch_ptr + me.to(tl.int64) * COLS
+    me64 = me.to(tl.int64)
+    n = _sync.begin_call(ctx)
+    inbox = scratch_ptr + (n % 2).to(tl.int64) * world * CAP
+    # --- push chunk c of our input to rank c
+    for i in range(1, world):
+        c = (me + i) % world
+        src = x_ptr + c.to(tl.int64) * C + COL
+        dst = peer_ptr(inbox, c, ctx) + me64 * CAP
+        for start in range(pid * BLOCK, COLS, nprog * BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            mask = offs < COLS
+            tl.store(dst + offs, tl.load(src + offs, mask=mask), mask=mask)
+    _sync.signal_all(ctx, n * _sync.PHASES + 1)
+    _sync.wait_all(ctx, n * _sync.PHASES + 1)  # every share of our chunk has landed
+    # --- reduce our chunk
+    mine = x_ptr + me64 * C + COL
     for start in range(pid * BLOCK, COLS, nprog * BLOCK):
         offs = start + tl.arange(0, BLOCK)
         mask = offs < COLS
         acc = load_acc(mine + offs, mask)
         for i in range(1, world):
-            src = peer_ptr(scratch_ptr, (me + i) % world, ctx) + me.to(tl.int64) * COLS
-            acc = combine(acc, load_acc(src + offs, mask), OP)
+            s = (me + i) % world
+            acc = combine(acc, load_acc(inbox + s.to(tl.int64) * CAP + offs, mask), OP)
         tl.store(out_ptr + COL + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
-    cl.barrier(ctx)  # peers finished reading our scratch
+    _sync.end_call(ctx, n)
 
 
 def reduce_scatter(x: torch.Tensor, op: str = "sum") -> torch.Tensor:
@@ -71,19 +91,16 @@ def reduce_scatter(x: torch.Tensor, op: str = "sum") -> torch.Tensor:
     x = call.x.contiguous()
     world = comm.world_size
     out = torch.empty((x.shape[0] // world, *x.shape[1:]), dtype=x.dtype, device=x.device)
-    rows = x.view(world, -1)  # [W, C]: chunk r is row r
-    c = rows.shape[1]
-    with traced("reduce_scatter", x.numel() * x.element_size(), "direct", comm.device):
-        step = comm.scratch_bytes // (x.element_size() * world) // 64 * 64
-        flat_out = out.view(-1)
-        for lo in range(0, c, step):
-            hi = min(c, lo + step)
-            cols = hi - lo
-            scratch = comm.scratch(world * cols * x.element_size(), x.dtype).view(world, cols)
-            scratch.copy_(rows[:, lo:hi])
-            cfg = launch_for(comm, cols)
-            reduce_scatter_kernel[(cfg.programs,)](
-                scratch, flat_out, comm.context, cols, lo,
-                OP=OPS[op], BLOCK=cfg.block, num_warps=cfg.num_warps,
-            )
+    c = x.numel() // world
+    esz = x.element_size()
+    cap = comm.scratch_bytes // (2 * world * esz) // 64 * 64
+    with traced("reduce_scatter", x.numel() * esz, "direct", comm.device):
+        for lo in range(0, c, cap):
+            hi = min(c, lo + cap)
+            scratch = comm.scratch(2 * world * cap * esz, x.dtype)
+            cfg = launch_for(comm, hi - lo)
+            launch(reduce_scatter_kernel, (cfg.programs,),
+                   (x.view(-1), out.view(-1), scratch, comm.context, hi - lo, cap, c, lo),
+                   {"OP": OPS[op], "BLOCK": cfg.block}, num_warps=cfg.num_warps,
+                   backend=comm.backend)
     return out

@@ -77,10 +77,12 @@ class ControlBlock:
         _, n = _HDR.unpack_from(self.buf, off)
         return Signature.decode(bytes(self.buf[off + _HDR.size : off + _HDR.size + n]))
 
-    def agree(self, sig: Signature) -> int:
-        """Publish ``sig``, wait for every rank, raise if any rank disagrees. Returns seq."""
+    def agree(self, sig: Signature, raw: bytes | None = None) -> int:
+        """Publish ``sig`` (``raw``: its encoding, when the caller cached it), wait for every
+        rank, raise if any rank disagrees. Returns the sequence number."""
         n = self.seq + 1
-        raw = sig.encode()
+        if raw is None:
+            raw = sig.encode()
         off = self._slot(self.rank, n)
         buf = self.buf
         buf[off + _HDR.size : off + _HDR.size + len(raw)] = raw

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from commlab.errors import CommlabUsageError
-from commlab.runtime import _shm
+from commlab.runtime import _shm, _triton_lib
 from commlab.runtime._bootstrap import World, bootstrap
 from commlab.runtime._control import ControlBlock, Signature
 from commlab.runtime.heap import (
@@ -59,6 +59,7 @@ class Communicator:
     local_rank: int = 0
     _world: World | None = field(default=None, repr=False)
     _keep: list = field(default_factory=list, repr=False)  # mappings kept alive
+    plans: dict = field(default_factory=dict, repr=False)  # collectives' cached launch plans
     closed: bool = False
 
     # -- views of the reserved regions ------------------------------------------------
@@ -106,6 +107,7 @@ class Communicator:
         except Exception:  # a broken device must not stop the rest of the cleanup
             pass
         self.heap.closed = True
+        self.plans.clear()
         self._keep.clear()
         if self._world is not None and self._world.owns_pg and dist.is_initialized():
             dist.destroy_process_group()
@@ -141,6 +143,8 @@ def init(backend: str = "auto", *, heap_size=None, scratch_size=None,
         return _COMM
     timeout = float(timeout if timeout is not None else os.environ.get("COMMLAB_TIMEOUT", 300))
     world = bootstrap(backend, timeout)
+    if world.backend == "cpu":
+        _triton_lib.adopt()  # `import triton` may have come before `import commlab`
     if world.world_size > MAX_WORLD:
         raise CommlabUsageError(f"commlab supports up to {MAX_WORLD} ranks, got {world.world_size}")
     d_heap, d_scratch = _DEFAULTS[world.backend]

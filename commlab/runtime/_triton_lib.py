@@ -1,0 +1,37 @@
+"""Make Triton's own ``@jit`` helpers usable by interpreted kernels.
+
+Triton decides compile-or-interpret when ``@triton.jit`` decorates. Its library helpers
+(``tl.zeros``, ``tl.sum``, ``tl.max``, ``tl.cdiv``, ...) are decorated when
+``triton.language`` is imported; a script that runs ``import triton`` *before*
+``import commlab`` (which turns the interpreter on) gets compiled-mode helpers, and an
+interpreted kernel calling one fails with "Cannot call @triton.jit'd outside of the
+scope of a kernel". ``adopt()`` re-wraps those helpers for the interpreter, in place, so
+every kernel (defined before or after) finds interpreter versions at call time.
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def adopt() -> int:
+    """Re-wrap triton.language's compiled-mode JITFunctions as interpreted ones when
+    the interpreter is on; return how many were re-wrapped (0 when nothing to do)."""
+    from commlab import _interpret
+
+    if not _interpret.interpreting() or "triton.language" not in sys.modules:
+        return 0
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    swapped: dict[int, InterpretedFunction] = {}
+    for name, mod in list(sys.modules.items()):
+        if mod is None or not (name == "triton.language" or name.startswith("triton.language.")):
+            continue
+        for attr, value in list(vars(mod).items()):
+            if isinstance(value, JITFunction):
+                new = swapped.get(id(value))
+                if new is None:
+                    new = swapped[id(value)] = InterpretedFunction(value.fn)
+                setattr(mod, attr, new)
+    return len(swapped)
