@@ -34,6 +34,7 @@ class Call:
     op_name: str
     x: torch.Tensor
     seq: int
+    sig: Signature | None = None
 
 
 def check_local(op_name: str, comm: Communicator, x, *, reduce_op: str | None = None,
@@ -70,8 +71,9 @@ def agree(op_name: str, x, local_error: str, **fields) -> Call:
     sig_fields = dict(fields)
     if isinstance(x, torch.Tensor):
         sig_fields = {"shape": tuple(x.shape), "dtype": dtype_name(x.dtype), **sig_fields}
-    seq = comm.control.agree(Signature(op_name, sig_fields, local_error))
-    return Call(comm, op_name, x, seq)
+    sig = Signature(op_name, sig_fields, local_error)
+    seq = comm.control.agree(sig)
+    return Call(comm, op_name, x, seq, sig)
 
 
 def comm_or_raise() -> Communicator:

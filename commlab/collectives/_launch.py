@@ -29,16 +29,20 @@ def _spec(a):
 
 
 def launch(kernel, grid: tuple, args: tuple, consts: dict, *, num_warps: int = 4,
-           backend: str = "cuda"):
+           backend: str = "cuda", record: list | None = None):
     """Launch ``kernel[grid](*args, **consts)``; constexprs must be the kernel's last
-    parameters, in ``consts``' order. Returns the CompiledKernel on CUDA, else None."""
+    parameters, in ``consts``' order. Returns the CompiledKernel on CUDA, else None.
+    ``record``, if given, receives (compiled, grid, args, consts) for launch plans."""
     if backend != "cuda" or not _FAST:
         kernel[grid](*args, **consts, num_warps=num_warps)
-        return None
-    key = (kernel, tuple(consts.items()), num_warps, tuple(_spec(a) for a in args))
-    compiled = _CACHE.get(key)
-    if compiled is None:
-        compiled = _CACHE[key] = kernel[grid](*args, **consts, num_warps=num_warps)
-        return compiled
-    compiled[(grid + (1, 1))[:3]](*args, *consts.values())
+        compiled = None
+    else:
+        key = (kernel, tuple(consts.items()), num_warps, tuple(_spec(a) for a in args))
+        compiled = _CACHE.get(key)
+        if compiled is None:
+            compiled = _CACHE[key] = kernel[grid](*args, **consts, num_warps=num_warps)
+        else:
+            compiled[(grid + (1, 1))[:3]](*args, *consts.values())
+    if record is not None:
+        record.append((compiled, grid, args, consts))
     return compiled

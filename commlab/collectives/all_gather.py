@@ -28,6 +28,7 @@ from commlab.collectives._common import (
     traced,
 )
 from commlab.collectives._launch import launch
+from commlab.collectives._plan import fast_call, remember
 
 
 @triton.jit
@@ -82,22 +83,42 @@ def all_gather(x: torch.Tensor) -> torch.Tensor:
     ``x`` must have the same shape and dtype on every rank; returns a new tensor of shape
     ``[world_size * x.shape[0], *x.shape[1:]]``."""
     comm = comm_or_raise()
+    key = None
+    if isinstance(x, torch.Tensor):
+        key = ("all_gather", x.shape, x.dtype, x.device)
+        out = fast_call(comm, key, x)
+        if out is not None:
+            return out
     err = check_local("all_gather", comm, x)
     if not err and x.dim() == 0:
         err = "needs a tensor with at least one dimension, got a 0-d tensor; pass x.reshape(1)"
     call = agree("all_gather", x, err)
     x = call.x.contiguous()
     world = comm.world_size
-    out = torch.empty((world * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
+
+    def make_out(t):
+        return torch.empty((world * t.shape[0], *t.shape[1:]), dtype=t.dtype, device=t.device)
+
+    out = make_out(x)
+    nbytes = x.numel() * x.element_size() * world
+    launched: list = []
+    with traced("all_gather", nbytes, "direct", comm.device):
+        _all_gather(comm, x, out, launched)
+    remember(comm, key, call, algorithm="direct", nbytes=nbytes, launched=launched,
+             make_out=make_out, slow=lambda a, b: _all_gather(comm, a, b))
+    return out
+
+
+def _all_gather(comm, x: torch.Tensor, out: torch.Tensor, record: list | None = None) -> None:
+    world = comm.world_size
     flat, n = x.view(-1), x.numel()
     esz = x.element_size()
     cap = comm.scratch_bytes // (2 * world * esz) // 64 * 64
-    with traced("all_gather", n * esz * world, "direct", comm.device):
-        for lo in range(0, n, cap):
-            hi = min(n, lo + cap)
-            scratch = comm.scratch(2 * world * cap * esz, x.dtype)
-            cfg = launch_for(comm, hi - lo)
-            launch(all_gather_kernel, (cfg.programs,),
-                   (flat[lo:hi], out, scratch, comm.context, hi - lo, cap, n, lo),
-                   {"BLOCK": cfg.block}, num_warps=cfg.num_warps, backend=comm.backend)
-    return out
+    for lo in range(0, n, cap):
+        hi = min(n, lo + cap)
+        scratch = comm.scratch(2 * world * cap * esz, x.dtype)
+        cfg = launch_for(comm, hi - lo)
+        launch(all_gather_kernel, (cfg.programs,),
+               (flat[lo:hi], out, scratch, comm.context, hi - lo, cap, n, lo),
+               {"BLOCK": cfg.block}, num_warps=cfg.num_warps, backend=comm.backend,
+               record=record)

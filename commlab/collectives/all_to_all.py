@@ -27,6 +27,7 @@ from commlab.collectives._common import (
     traced,
 )
 from commlab.collectives._launch import launch
+from commlab.collectives._plan import fast_call, remember
 
 
 @triton.jit
@@ -82,20 +83,35 @@ def all_to_all(x: torch.Tensor) -> torch.Tensor:
     """Exchange chunks: dim 0 in ``world_size`` chunks, chunk j goes to rank j; the result
     holds, in rank order, the chunk each rank sent here."""
     comm = comm_or_raise()
+    key = None
+    if isinstance(x, torch.Tensor):
+        key = ("all_to_all", x.shape, x.dtype, x.device)
+        out = fast_call(comm, key, x)
+        if out is not None:
+            return out
     err = check_local("all_to_all", comm, x, split_dim0=True)
     call = agree("all_to_all", x, err)
     x = call.x.contiguous()
-    world = comm.world_size
     out = torch.empty_like(x)
+    nbytes = x.numel() * x.element_size()
+    launched: list = []
+    with traced("all_to_all", nbytes, "direct", comm.device):
+        _all_to_all(comm, x, out, launched)
+    remember(comm, key, call, algorithm="direct", nbytes=nbytes, launched=launched,
+             make_out=torch.empty_like, slow=lambda a, b: _all_to_all(comm, a, b))
+    return out
+
+
+def _all_to_all(comm, x, out, record: list | None = None) -> None:
+    world = comm.world_size
     c = x.numel() // world
     esz = x.element_size()
     cap = comm.scratch_bytes // (2 * world * esz) // 64 * 64
-    with traced("all_to_all", x.numel() * esz, "direct", comm.device):
-        for lo in range(0, c, cap):
-            hi = min(c, lo + cap)
-            scratch = comm.scratch(2 * world * cap * esz, x.dtype)
-            cfg = launch_for(comm, hi - lo)
-            launch(all_to_all_kernel, (cfg.programs,),
-                   (x.view(-1), out.view(-1), scratch, comm.context, hi - lo, cap, c, lo),
-                   {"BLOCK": cfg.block}, num_warps=cfg.num_warps, backend=comm.backend)
-    return out
+    for lo in range(0, c, cap):
+        hi = min(c, lo + cap)
+        scratch = comm.scratch(2 * world * cap * esz, x.dtype)
+        cfg = launch_for(comm, hi - lo)
+        launch(all_to_all_kernel, (cfg.programs,),
+               (x.view(-1), out.view(-1), scratch, comm.context, hi - lo, cap, c, lo),
+               {"BLOCK": cfg.block}, num_warps=cfg.num_warps, backend=comm.backend,
+               record=record)

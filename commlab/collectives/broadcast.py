@@ -28,6 +28,7 @@ from commlab.collectives._common import (
     traced,
 )
 from commlab.collectives._launch import launch
+from commlab.collectives._plan import fast_call, remember
 
 
 @triton.jit
@@ -73,20 +74,35 @@ def broadcast(x: torch.Tensor, src: int = 0) -> torch.Tensor:
     """Return a copy of rank ``src``'s ``x`` on every rank (``x`` gives shape and dtype
     elsewhere and must match src's)."""
     comm = comm_or_raise()
+    key = None
+    if isinstance(x, torch.Tensor):
+        key = ("broadcast", x.shape, x.dtype, x.device, src)
+        out = fast_call(comm, key, x)
+        if out is not None:
+            return out
     err = check_local("broadcast", comm, x, src=src)
     call = agree("broadcast", x, err, src=src)
     x = call.x.contiguous()
     out = torch.empty_like(x)
+    nbytes = x.numel() * x.element_size()
+    launched: list = []
+    with traced("broadcast", nbytes, "direct", comm.device):
+        _broadcast(comm, x, out, src, launched)
+    remember(comm, key, call, algorithm="direct", nbytes=nbytes, launched=launched,
+             make_out=torch.empty_like, slow=lambda a, b: _broadcast(comm, a, b, src))
+    return out
+
+
+def _broadcast(comm, x, out, src: int, record: list | None = None) -> None:
     flat, n = x.view(-1), x.numel()
     flat_out = out.view(-1)
     esz = x.element_size()
     cap = comm.scratch_bytes // esz // 64 * 64
-    with traced("broadcast", n * esz, "direct", comm.device):
-        for lo in range(0, n, cap):
-            hi = min(n, lo + cap)
-            scratch = comm.scratch((hi - lo) * esz, x.dtype)
-            cfg = launch_for(comm, hi - lo)
-            launch(broadcast_kernel, (cfg.programs,),
-                   (flat[lo:hi], flat_out[lo:hi], scratch, comm.context, hi - lo, src),
-                   {"BLOCK": cfg.block}, num_warps=cfg.num_warps, backend=comm.backend)
-    return out
+    for lo in range(0, n, cap):
+        hi = min(n, lo + cap)
+        scratch = comm.scratch((hi - lo) * esz, x.dtype)
+        cfg = launch_for(comm, hi - lo)
+        launch(broadcast_kernel, (cfg.programs,),
+               (flat[lo:hi], flat_out[lo:hi], scratch, comm.context, hi - lo, src),
+               {"BLOCK": cfg.block}, num_warps=cfg.num_warps, backend=comm.backend,
+               record=record)

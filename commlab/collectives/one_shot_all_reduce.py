@@ -77,7 +77,8 @@ def one_shot_capacity(comm, elem_size: int) -> int:
     return comm.scratch_bytes // (2 * comm.world_size * elem_size) // 64 * 64
 
 
-def one_shot_all_reduce(comm, flat: torch.Tensor, out: torch.Tensor, op: int):
+def one_shot_all_reduce(comm, flat: torch.Tensor, out: torch.Tensor, op: int,
+                        record: list | None = None):
     """Reduce ``flat`` (contiguous, 1-D) across ranks into ``out``. Returns the compiled
     kernel of the last launch on CUDA (for launch plans), else None."""
     n = flat.numel()
@@ -90,5 +91,5 @@ def one_shot_all_reduce(comm, flat: torch.Tensor, out: torch.Tensor, op: int):
         compiled = launch(one_shot_all_reduce_kernel, (cfg.programs,),
                           (flat[lo:hi], out[lo:hi], scratch, comm.context, hi - lo, cap),
                           {"OP": op, "BLOCK": cfg.block}, num_warps=cfg.num_warps,
-                          backend=comm.backend)
+                          backend=comm.backend, record=record)
     return compiled

@@ -30,6 +30,7 @@ from commlab.collectives._common import (
     traced,
 )
 from commlab.collectives._launch import launch
+from commlab.collectives._plan import fast_call, remember
 
 
 @triton.jit
@@ -86,21 +87,40 @@ def reduce_scatter(x: torch.Tensor, op: str = "sum") -> torch.Tensor:
     ``x.shape[0]`` must be divisible by the world size; returns a new tensor of shape
     ``[x.shape[0] // world_size, *x.shape[1:]]``."""
     comm = comm_or_raise()
+    key = None
+    if isinstance(x, torch.Tensor):
+        key = ("reduce_scatter", x.shape, x.dtype, x.device, op)
+        out = fast_call(comm, key, x)
+        if out is not None:
+            return out
     err = check_local("reduce_scatter", comm, x, reduce_op=op, split_dim0=True)
     call = agree("reduce_scatter", x, err, op=op)
     x = call.x.contiguous()
     world = comm.world_size
-    out = torch.empty((x.shape[0] // world, *x.shape[1:]), dtype=x.dtype, device=x.device)
+
+    def make_out(t):
+        return torch.empty((t.shape[0] // world, *t.shape[1:]), dtype=t.dtype, device=t.device)
+
+    out = make_out(x)
+    nbytes = x.numel() * x.element_size()
+    launched: list = []
+    with traced("reduce_scatter", nbytes, "direct", comm.device):
+        _reduce_scatter(comm, x, out, OPS[op], launched)
+    remember(comm, key, call, algorithm="direct", nbytes=nbytes, launched=launched,
+             make_out=make_out, slow=lambda a, b: _reduce_scatter(comm, a, b, OPS[op]))
+    return out
+
+
+def _reduce_scatter(comm, x, out, op: int, record: list | None = None) -> None:
+    world = comm.world_size
     c = x.numel() // world
     esz = x.element_size()
     cap = comm.scratch_bytes // (2 * world * esz) // 64 * 64
-    with traced("reduce_scatter", x.numel() * esz, "direct", comm.device):
-        for lo in range(0, c, cap):
-            hi = min(c, lo + cap)
-            scratch = comm.scratch(2 * world * cap * esz, x.dtype)
-            cfg = launch_for(comm, hi - lo)
-            launch(reduce_scatter_kernel, (cfg.programs,),
-                   (x.view(-1), out.view(-1), scratch, comm.context, hi - lo, cap, c, lo),
-                   {"OP": OPS[op], "BLOCK": cfg.block}, num_warps=cfg.num_warps,
-                   backend=comm.backend)
-    return out
+    for lo in range(0, c, cap):
+        hi = min(c, lo + cap)
+        scratch = comm.scratch(2 * world * cap * esz, x.dtype)
+        cfg = launch_for(comm, hi - lo)
+        launch(reduce_scatter_kernel, (cfg.programs,),
+               (x.view(-1), out.view(-1), scratch, comm.context, hi - lo, cap, c, lo),
+               {"OP": op, "BLOCK": cfg.block}, num_warps=cfg.num_warps,
+               backend=comm.backend, record=record)

@@ -96,7 +96,8 @@ def two_shot_capacity(comm, elem_size: int) -> int:
     return comm.scratch_bytes // (2 * elem_size * w) // 64 * 64 * w
 
 
-def two_shot_all_reduce(comm, flat: torch.Tensor, out: torch.Tensor, op: int) -> None:
+def two_shot_all_reduce(comm, flat: torch.Tensor, out: torch.Tensor, op: int,
+                        record: list | None = None) -> None:
     n = flat.numel()
     world = comm.world_size
     cap = two_shot_capacity(comm, flat.element_size())
@@ -109,4 +110,5 @@ def two_shot_all_reduce(comm, flat: torch.Tensor, out: torch.Tensor, op: int) ->
         cfg = launch_for(comm, ch)
         launch(two_shot_all_reduce_kernel, (cfg.programs,),
                (flat[lo:hi], out[lo:hi], scratch, comm.context, hi - lo, ch),
-               {"OP": op, "BLOCK": cfg.block}, num_warps=cfg.num_warps, backend=comm.backend)
+               {"OP": op, "BLOCK": cfg.block}, num_warps=cfg.num_warps, backend=comm.backend,
+               record=record)
