@@ -1,14 +1,23 @@
 """``algorithm="auto"``: which all-reduce algorithm to run for a message.
 
-Before any tuning, documented defaults: one-shot up to 256 KiB (latency-bound: one
-barrier round and one pass), two-shot above (each rank moves 2·N·(W-1)/W instead of
-N·(W-1)). ``commlab.tune()`` replaces these with a measured table keyed by
-(op, dtype, world size, topology fingerprint); see ``commlab.tuning``.
+A measured tuning table wins when there is one (``commlab.tune()``, keyed by op, dtype,
+world size and topology fingerprint; see ``commlab.tuning``). Before any tuning, these
+documented defaults, from bench/results/2xh200-smoke.txt (2xH200, bf16):
+
+- two ranks: one-shot up to 2 MiB (graph mode 1 MiB: 9.7 us against two-shot's 11.5),
+  two-shot above (16 MiB: 58.9 us against 63.9);
+- more ranks: one-shot up to 256 KiB (it sends (W-1)·N per rank), two-shot above.
 """
 
 from __future__ import annotations
 
 ONE_SHOT_MAX_BYTES = 256 * 1024
+ONE_SHOT_MAX_BYTES_TWO_RANKS = 2 * 1024 * 1024
+
+
+def default_all_reduce(world_size: int, nbytes: int) -> str:
+    limit = ONE_SHOT_MAX_BYTES_TWO_RANKS if world_size <= 2 else ONE_SHOT_MAX_BYTES
+    return "one_shot" if nbytes <= limit else "two_shot"
 
 
 def choose_all_reduce(comm, dtype, nbytes: int) -> str:
@@ -20,6 +29,4 @@ def choose_all_reduce(comm, dtype, nbytes: int) -> str:
         algo = lookup(comm, "all_reduce", dtype, nbytes)
         if algo:
             return algo
-    if comm.world_size <= 2 or nbytes <= ONE_SHOT_MAX_BYTES:
-        return "one_shot" if nbytes <= ONE_SHOT_MAX_BYTES else "two_shot"
-    return "two_shot"
+    return default_all_reduce(comm.world_size, nbytes)
