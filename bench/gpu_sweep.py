@@ -1,26 +1,44 @@
-"""Launch-shape sweep for the push all-reduces, and a profile of the eager host path.
+"""Bandwidth sweep for the push collectives, against NCCL and the link's own ceiling.
 
     torchrun --nproc-per-node 2 bench/gpu_sweep.py
-Results of the first run are in bench/results/2xh200-launch-sweep.txt.
-Each configuration runs in a fresh process group? No: one process, configurations
-switched by re-reading the module-level launch shape between runs.
+
+The ceiling: every rank pushes N bytes into its peer with the same launch shape and no
+reduction or copy-out (a kernel doing only the stores), which bounds what any SM-driven
+push algorithm can reach on these links. Earlier results: bench/results/2xh200-*.txt.
 """
 
 from __future__ import annotations
 
-import cProfile
-import io
 import os
-import pstats
 
 os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 
 import commlab  # noqa: E402
-from commlab.collectives import _common  # noqa: E402
+from commlab.collectives import _common, _sync  # noqa: E402
+from commlab.collectives._common import peer_ptr  # noqa: E402
+
+
+@triton.jit
+def push_only_kernel(x_ptr, scratch_ptr, ctx, N, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    me = tl.load(ctx).to(tl.int32)
+    world = tl.load(ctx + 1).to(tl.int32)
+    n = _sync.begin_call(ctx)
+    dst = peer_ptr(scratch_ptr, (me + 1) % world, ctx)
+    for start in range(pid * BLOCK, N, nprog * BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        mask = offs < N
+        tl.store(dst + offs, tl.load(x_ptr + offs, mask=mask), mask=mask)
+    _sync.signal_all(ctx, n * 64 + 1)
+    _sync.wait_all(ctx, n * 64 + 1)
+    _sync.end_call(ctx, n)
 
 
 def timeit(fn, iters):
@@ -39,48 +57,42 @@ def timeit(fn, iters):
 
 def main():
     comm = commlab.init(backend="cuda")
-    r = comm.rank
-    dev = comm.device
-    # --- eager host profile (rank 0)
-    x = torch.randn(4, device=dev).to(torch.bfloat16)
-    for _ in range(50):
-        commlab.all_reduce(x, algorithm="one_shot")
-    torch.cuda.synchronize()
-    dist.barrier()
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(500):
-        commlab.all_reduce(x, algorithm="one_shot")
-    prof.disable()
-    torch.cuda.synchronize()
-    if r == 0:
-        st = io.StringIO()
-        pstats.Stats(prof, stream=st).sort_stats("tottime").print_stats(14)
-        print(st.getvalue()[-3500:])
-    # --- launch-shape sweep at large sizes
+    r, w, dev = comm.rank, comm.world_size, comm.device
     rows = []
     for nbytes in (16 << 20, 256 << 20, 1 << 30):
+        iters = 10 if nbytes > (64 << 20) else 30
         n = nbytes // 2
         x = torch.randn(n, device=dev).to(torch.bfloat16)
         ref = x.float()
         dist.all_reduce(ref)
-        ref = ref.to(torch.bfloat16)
-        y = torch.empty_like(x)
-        dist.all_reduce(y.copy_(x))
-        rows.append((nbytes, "nccl", 0, 0, 0, timeit(lambda: dist.all_reduce(y), 10 if nbytes > (64 << 20) else 30)))
-        for block, warps, progs in ((2048, 8, 132), (2048, 8, 256), (4096, 8, 132), (4096, 16, 132), (8192, 16, 132), (8192, 16, 256), (4096, 8, 256)):
-            _common._GPU_BLOCK = _common._GPU_BLOCK_BIG = block
-            _common._GPU_WARPS = _common._GPU_WARPS_BIG = warps
-            _common._GPU_PROGRAMS = progs
-            for algo in ("one_shot", "two_shot"):
-                out = commlab.all_reduce(x, algorithm=algo)
-                ok = torch.allclose(out.float(), ref.float(), rtol=2e-2, atol=2e-2)
-                t = timeit(lambda: commlab.all_reduce(x, algorithm=algo), 10 if nbytes > (64 << 20) else 30)
-                rows.append((nbytes, algo + ("" if ok else " WRONG"), block, warps, progs, t))
+        y = x.clone()
+        rows.append((nbytes, "all_reduce", "nccl", timeit(lambda: dist.all_reduce(y), iters)))
+        out = commlab.all_reduce(x, algorithm="two_shot")
+        ok = torch.allclose(out.float(), ref, rtol=2e-2, atol=2e-2)
+        rows.append((nbytes, "all_reduce", "two_shot" + ("" if ok else " WRONG"),
+                     timeit(lambda: commlab.all_reduce(x, algorithm="two_shot"), iters)))
+        half = x[: n // w]
+        parts = [torch.empty_like(half) for _ in range(w)]
+        ok = torch.equal(commlab.all_gather(half), (dist.all_gather(parts, half), torch.cat(parts))[1])
+        rows.append((nbytes, "all_gather", "nccl", timeit(lambda: dist.all_gather_into_tensor(torch.empty(n, device=dev, dtype=x.dtype), half), iters)))
+        rows.append((nbytes, "all_gather", "direct" + ("" if ok else " WRONG"), timeit(lambda: commlab.all_gather(half), iters)))
+        rs_ref = ref[r * (n // w):(r + 1) * (n // w)]
+        ok = torch.allclose(commlab.reduce_scatter(x).float(), rs_ref, rtol=2e-2, atol=2e-2)
+        rows.append((nbytes, "reduce_scatter", "nccl", timeit(lambda: dist.reduce_scatter_tensor(torch.empty(n // w, device=dev, dtype=x.dtype), x), iters)))
+        rows.append((nbytes, "reduce_scatter", "direct" + ("" if ok else " WRONG"), timeit(lambda: commlab.reduce_scatter(x), iters)))
+        # ceiling: push N/2 bytes per rank per phase, as the collectives do per direction
+        scratch = comm.scratch(nbytes // 2, torch.bfloat16)
+        cfg = _common.launch_for(comm, n // 2)
+        rows.append((nbytes, "push only", f"N/2, {cfg.programs}x{cfg.block}",
+                     timeit(lambda: push_only_kernel[(cfg.programs,)](x, scratch, comm.context, n // 2, BLOCK=cfg.block, num_warps=cfg.num_warps), iters)))
     if r == 0:
-        print(f"{'bytes':>11} {'impl':<16} {'block':>6} {'warps':>5} {'progs':>5} {'us':>9} {'busbw':>7}")
-        for nbytes, name, b, w_, p, t in rows:
-            print(f"{nbytes:>11} {name:<16} {b:>6} {w_:>5} {p:>5} {t:>9.1f} {nbytes / t / 1e3:>7.1f}")
+        print(f"{'bytes':>11} {'op':<15} {'impl':<22} {'us':>9} {'GB/s per direction':>19}")
+        for nbytes, op, name, t in rows:
+            per_dir = (nbytes / 2) / t / 1e3  # W=2: each direction carries N/2 per phase
+            phases = 2 if op == "all_reduce" else 1
+            print(f"{nbytes:>11} {op:<15} {name:<22} {t:>9.1f} {per_dir * phases:>19.1f}")
+        print("GB/s per direction = bytes each rank sends / time; all_reduce busbw equals it "
+              "for W=2; all_gather/reduce_scatter busbw equals it with total size N.")
     commlab.finalize()
 
 

@@ -132,6 +132,17 @@ _GPU_WARPS_BIG = int(os.environ.get("COMMLAB_GPU_WARPS_BIG", 16))
 _GPU_PROGRAMS = int(os.environ.get("COMMLAB_GPU_PROGRAMS", 256))
 
 
+def rounds_for(comm: Communicator, n: int, cfg: Launch) -> int:
+    """Pipeline depth for the push kernels: one slice per ~4 blocks of each program,
+    at most 8 (``COMMLAB_ROUNDS`` forces a depth: tests exercise the pipeline on CPU)."""
+    forced = os.environ.get("COMMLAB_ROUNDS")
+    if forced:
+        return int(forced)
+    if comm.backend != "cuda":
+        return 1
+    return max(1, min(8, n // (cfg.block * cfg.programs) // 4))
+
+
 def chunk_elems(comm: Communicator, elem_size: int, per_rank_parts: int = 1) -> int:
     """Largest element count that fits the scratch ``per_rank_parts`` times over."""
     return max(1, comm.scratch_bytes // (elem_size * per_rank_parts) // 64 * 64)

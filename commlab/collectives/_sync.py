@@ -2,13 +2,16 @@
 
 The flag area of every rank's heap holds, for each program id p (up to 256):
 
-    flags[p]                         how many calls program p has made (local only)
-    flags[256 + p * 64 + src]        the last value rank `src`'s program p signalled us
+    flags[p]                                   calls program p has made (local only)
+    flags[256 + bank*16384 + p*64 + src]       last value rank `src`'s program p sent us
+                                               on signal bank `bank` (0 or 1)
 
 A call by program p takes ``n = flags[p] + 1`` and signals with values ``n * 64 + k``
-(k = 1, 2, … for the phases of one call). Values only grow, so a wait is simply
+(k = 1 … 63 for the steps of one call). Within a bank values only grow, so a wait is
 "slot >= value", nothing is ever reset, and a kernel replayed from a CUDA graph (whose
 arguments are frozen) still gets fresh values: the counter lives in device memory.
+Two banks let a pipelined kernel run two streams of steps (e.g. reduce-scatter rounds
+and all-gather rounds) without one's larger values satisfying the other's waits.
 Every rank launches the same grids in the same order, so program p's counter agrees on
 all ranks. ``comm.recover()`` zeroes the whole area on every rank at once.
 """
@@ -21,6 +24,7 @@ import triton.language as tl
 import commlab.language as cl
 
 SLOTS = tl.constexpr(256)
+BANK = tl.constexpr(256 * 64)
 PHASES = tl.constexpr(64)
 
 
@@ -41,34 +45,44 @@ def end_call(ctx, n):
 
 
 @triton.jit
-def signal(ctx, peer, value):
+def _slot(ctx, src, bank):
+    return _flag_base(ctx) + SLOTS + bank * BANK + tl.program_id(0) * 64 + src
+
+
+@triton.jit
+def signal(ctx, peer, value, bank=0):
     """Release: our earlier stores (local or remote) are visible to ``peer``'s same
     program once it sees ``value`` in its slot for us."""
-    me = tl.load(ctx)
-    slot = _flag_base(ctx) + SLOTS + tl.program_id(0) * 64 + me
-    cl.notify(slot, peer, ctx, value, sig_op="set")
+    cl.notify(_slot(ctx, tl.load(ctx), bank), peer, ctx, value, sig_op="set")
 
 
 @triton.jit
-def wait_from(ctx, src, value):
+def wait_from(ctx, src, value, bank=0):
     """Acquire: returns once rank ``src``'s same program signalled ``value`` or more."""
-    slot = _flag_base(ctx) + SLOTS + tl.program_id(0) * 64 + src
-    cl.wait(slot, value)
+    cl.wait(_slot(ctx, src, bank), value)
 
 
 @triton.jit
-def signal_all(ctx, value):
+def signal_all(ctx, value, bank=0):
     me = tl.load(ctx).to(tl.int32)
     world = tl.load(ctx + 1).to(tl.int32)
     for i in range(1, world):
-        signal(ctx, (me + i) % world, value)
+        signal(ctx, (me + i) % world, value, bank)
 
 
 @triton.jit
-def wait_all(ctx, value):
+def wait_all(ctx, value, bank=0):
     me = tl.load(ctx).to(tl.int32)
     world = tl.load(ctx + 1).to(tl.int32)
     for i in range(1, world):
-        wait_from(ctx, (me + i) % world, value)
+        wait_from(ctx, (me + i) % world, value, bank)
 
 
+@triton.jit
+def my_blocks(n_elems, BLOCK: tl.constexpr):
+    """How many BLOCK-sized blocks of ``n_elems`` this program handles (blocks are dealt
+    round-robin: program p takes p, p + P, p + 2P, …)."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    nblk = tl.cdiv(n_elems, BLOCK)
+    return tl.maximum(nblk - pid + nprog - 1, 0) // nprog

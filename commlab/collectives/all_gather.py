@@ -3,12 +3,13 @@
 Direct push: each rank writes its input into its slot of every peer's inbox, then
 copies the slots it received into its output. Each rank sends (W-1)·N and receives the
 same, the minimum; the input is read in place. Inboxes are double-buffered by the call
-number (as in one-shot all-reduce), so no trailing barrier is needed.
+number (as in one-shot all-reduce), so no trailing barrier is needed. Each program's
+share is cut into ROUNDS slices so the copy-out of slice t-1 overlaps the push of t.
 
     n = this program's call number;  inbox = scratch[n % 2]        # [W, CAP]
-    for each of my blocks b:  out[me][b] = x[b];  inbox@peer[me][b] = x[b]  for every peer
-    signal every peer (n);  wait for every peer (n)      # their slots in our inbox landed
-    for each of my blocks b:  out[src][b] = inbox[src][b]            for every src != me
+    for t in 0 .. ROUNDS:
+        slice t:    out[me] = x;  inbox@peer[me] = x  for every peer;   signal (t)
+        slice t-1:  wait every peer (t-1);  out[src] = inbox[src]  for every src != me
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from commlab.collectives._common import (
     comm_or_raise,
     launch_for,
     peer_ptr,
+    rounds_for,
     traced,
 )
 from commlab.collectives._launch import launch
@@ -46,34 +48,41 @@ def all_gather_kernel(
     COL,
     # Meta-parameters
     BLOCK: tl.constexpr,
+    ROUNDS: tl.constexpr,  # pipeline depth
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     me = cl.rank(ctx)
     world = cl.num_ranks(ctx)
     n = _sync.begin_call(ctx)
+    base = n * _sync.PHASES
     inbox = scratch_ptr + (n % 2).to(tl.int64) * world * CAP
     mine = out_ptr + me.to(tl.int64) * N_TOTAL + COL
-    # --- push our piece into every peer's inbox, and into our own output row
-    for start in range(pid * BLOCK, N, nprog * BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        mask = offs < N
-        v = tl.load(x_ptr + offs, mask=mask)
-        tl.store(mine + offs, v, mask=mask)
-        for i in range(1, world):
-            dst = peer_ptr(inbox, (me + i) % world, ctx) + me.to(tl.int64) * CAP
-            tl.store(dst + offs, v, mask=mask)
-    _sync.signal_all(ctx, n * _sync.PHASES + 1)
-    _sync.wait_all(ctx, n * _sync.PHASES + 1)  # every peer's piece is in our inbox
-    # --- copy the received pieces into their rows
-    for i in range(1, world):
-        src = (me + i) % world
-        row = out_ptr + src.to(tl.int64) * N_TOTAL + COL
-        slot = inbox + src.to(tl.int64) * CAP
-        for start in range(pid * BLOCK, N, nprog * BLOCK):
-            offs = start + tl.arange(0, BLOCK)
-            mask = offs < N
-            tl.store(row + offs, tl.load(slot + offs, mask=mask), mask=mask)
+    per = tl.cdiv(_sync.my_blocks(N, BLOCK), ROUNDS)
+    for t in range(0, ROUNDS + 1):
+        # --- slice t: push our piece into every peer's inbox and our own output row
+        if t < ROUNDS:
+            for j in range(t * per, (t + 1) * per):
+                offs = (pid + j * nprog) * BLOCK + tl.arange(0, BLOCK)
+                mask = offs < N
+                v = tl.load(x_ptr + offs, mask=mask)
+                tl.store(mine + offs, v, mask=mask)
+                for i in range(1, world):
+                    dst = peer_ptr(inbox, (me + i) % world, ctx) + me.to(tl.int64) * CAP
+                    tl.store(dst + offs, v, mask=mask)
+            _sync.signal_all(ctx, base + t + 1)
+        # --- slice t-1: the peers' pieces landed; copy them into their rows
+        if t >= 1:
+            s = t - 1
+            _sync.wait_all(ctx, base + s + 1)
+            for i in range(1, world):
+                src = (me + i) % world
+                row = out_ptr + src.to(tl.int64) * N_TOTAL + COL
+                slot = inbox + src.to(tl.int64) * CAP
+                for j in range(s * per, (s + 1) * per):
+                    offs = (pid + j * nprog) * BLOCK + tl.arange(0, BLOCK)
+                    mask = offs < N
+                    tl.store(row + offs, tl.load(slot + offs, mask=mask), mask=mask)
     _sync.end_call(ctx, n)
 
 
@@ -120,5 +129,5 @@ def _all_gather(comm, x: torch.Tensor, out: torch.Tensor, record: list | None = 
         cfg = launch_for(comm, hi - lo)
         launch(all_gather_kernel, (cfg.programs,),
                (flat[lo:hi], out, scratch, comm.context, hi - lo, cap, n, lo),
-               {"BLOCK": cfg.block}, num_warps=cfg.num_warps, backend=comm.backend,
-               record=record)
+               {"BLOCK": cfg.block, "ROUNDS": rounds_for(comm, hi - lo, cfg)},
+               num_warps=cfg.num_warps, backend=comm.backend, record=record)

@@ -24,6 +24,7 @@ from commlab.collectives._common import (
     comm_or_raise,
     launch_for,
     peer_ptr,
+    rounds_for,
     traced,
 )
 from commlab.collectives._launch import launch
@@ -45,6 +46,7 @@ def all_to_all_kernel(
     COL,
     # Meta-parameters
     BLOCK: tl.constexpr,
+    ROUNDS: tl.constexpr,  # pipeline depth: copy-out of slice t-1 overlaps push of t
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -52,30 +54,36 @@ def all_to_all_kernel(
     world = cl.num_ranks(ctx)
     me64 = me.to(tl.int64)
     n = _sync.begin_call(ctx)
+    base = n * _sync.PHASES
     inbox = scratch_ptr + (n % 2).to(tl.int64) * world * CAP
-    # --- push chunk c to rank c; keep our own chunk
-    for i in range(0, world):
-        c = (me + i) % world
-        src = x_ptr + c.to(tl.int64) * C + COL
-        if i == 0:
-            dst = out_ptr + me64 * C + COL
-        else:
-            dst = peer_ptr(inbox, c, ctx) + me64 * CAP
-        for start in range(pid * BLOCK, COLS, nprog * BLOCK):
-            offs = start + tl.arange(0, BLOCK)
-            mask = offs < COLS
-            tl.store(dst + offs, tl.load(src + offs, mask=mask), mask=mask)
-    _sync.signal_all(ctx, n * _sync.PHASES + 1)
-    _sync.wait_all(ctx, n * _sync.PHASES + 1)  # every chunk sent to us has landed
-    # --- copy received chunks into their rows
-    for i in range(1, world):
-        s = (me + i) % world
-        slot = inbox + s.to(tl.int64) * CAP
-        row = out_ptr + s.to(tl.int64) * C + COL
-        for start in range(pid * BLOCK, COLS, nprog * BLOCK):
-            offs = start + tl.arange(0, BLOCK)
-            mask = offs < COLS
-            tl.store(row + offs, tl.load(slot + offs, mask=mask), mask=mask)
+    per = tl.cdiv(_sync.my_blocks(COLS, BLOCK), ROUNDS)
+    for t in range(0, ROUNDS + 1):
+        # --- slice t: push chunk c to rank c; keep our own chunk
+        if t < ROUNDS:
+            for i in range(0, world):
+                c = (me + i) % world
+                src = x_ptr + c.to(tl.int64) * C + COL
+                if i == 0:
+                    dst = out_ptr + me64 * C + COL
+                else:
+                    dst = peer_ptr(inbox, c, ctx) + me64 * CAP
+                for j in range(t * per, (t + 1) * per):
+                    offs = (pid + j * nprog) * BLOCK + tl.arange(0, BLOCK)
+                    mask = offs < COLS
+                    tl.store(dst + offs, tl.load(src + offs, mask=mask), mask=mask)
+            _sync.signal_all(ctx, base + t + 1)
+        # --- slice t-1: every chunk sent to us landed; copy into its row
+        if t >= 1:
+            s_ = t - 1
+            _sync.wait_all(ctx, base + s_ + 1)
+            for i in range(1, world):
+                s = (me + i) % world
+                slot = inbox + s.to(tl.int64) * CAP
+                row = out_ptr + s.to(tl.int64) * C + COL
+                for j in range(s_ * per, (s_ + 1) * per):
+                    offs = (pid + j * nprog) * BLOCK + tl.arange(0, BLOCK)
+                    mask = offs < COLS
+                    tl.store(row + offs, tl.load(slot + offs, mask=mask), mask=mask)
     _sync.end_call(ctx, n)
 
 
@@ -113,5 +121,5 @@ def _all_to_all(comm, x, out, record: list | None = None) -> None:
         cfg = launch_for(comm, hi - lo)
         launch(all_to_all_kernel, (cfg.programs,),
                (x.view(-1), out.view(-1), scratch, comm.context, hi - lo, cap, c, lo),
-               {"BLOCK": cfg.block}, num_warps=cfg.num_warps, backend=comm.backend,
-               record=record)
+               {"BLOCK": cfg.block, "ROUNDS": rounds_for(comm, hi - lo, cfg)},
+               num_warps=cfg.num_warps, backend=comm.backend, record=record)

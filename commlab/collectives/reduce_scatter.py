@@ -27,6 +27,7 @@ from commlab.collectives._common import (
     launch_for,
     load_acc,
     peer_ptr,
+    rounds_for,
     traced,
 )
 from commlab.collectives._launch import launch
@@ -49,6 +50,7 @@ def reduce_scatter_kernel(
     # Meta-parameters
     OP: tl.constexpr,
     BLOCK: tl.constexpr,
+    ROUNDS: tl.constexpr,  # pipeline depth: reducing slice t-1 overlaps pushing slice t
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -56,28 +58,34 @@ def reduce_scatter_kernel(
     world = cl.num_ranks(ctx)
     me64 = me.to(tl.int64)
     n = _sync.begin_call(ctx)
+    base = n * _sync.PHASES
     inbox = scratch_ptr + (n % 2).to(tl.int64) * world * CAP
-    # --- push chunk c of our input to rank c
-    for i in range(1, world):
-        c = (me + i) % world
-        src = x_ptr + c.to(tl.int64) * C + COL
-        dst = peer_ptr(inbox, c, ctx) + me64 * CAP
-        for start in range(pid * BLOCK, COLS, nprog * BLOCK):
-            offs = start + tl.arange(0, BLOCK)
-            mask = offs < COLS
-            tl.store(dst + offs, tl.load(src + offs, mask=mask), mask=mask)
-    _sync.signal_all(ctx, n * _sync.PHASES + 1)
-    _sync.wait_all(ctx, n * _sync.PHASES + 1)  # every share of our chunk has landed
-    # --- reduce our chunk
     mine = x_ptr + me64 * C + COL
-    for start in range(pid * BLOCK, COLS, nprog * BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        mask = offs < COLS
-        acc = load_acc(mine + offs, mask)
-        for i in range(1, world):
-            s = (me + i) % world
-            acc = combine(acc, load_acc(inbox + s.to(tl.int64) * CAP + offs, mask), OP)
-        tl.store(out_ptr + COL + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    per = tl.cdiv(_sync.my_blocks(COLS, BLOCK), ROUNDS)
+    for t in range(0, ROUNDS + 1):
+        # --- slice t: push chunk c of our input to rank c
+        if t < ROUNDS:
+            for i in range(1, world):
+                c = (me + i) % world
+                src = x_ptr + c.to(tl.int64) * C + COL
+                dst = peer_ptr(inbox, c, ctx) + me64 * CAP
+                for j in range(t * per, (t + 1) * per):
+                    offs = (pid + j * nprog) * BLOCK + tl.arange(0, BLOCK)
+                    mask = offs < COLS
+                    tl.store(dst + offs, tl.load(src + offs, mask=mask), mask=mask)
+            _sync.signal_all(ctx, base + t + 1)
+        # --- slice t-1: every share of our chunk landed; reduce it
+        if t >= 1:
+            s_ = t - 1
+            _sync.wait_all(ctx, base + s_ + 1)
+            for j in range(s_ * per, (s_ + 1) * per):
+                offs = (pid + j * nprog) * BLOCK + tl.arange(0, BLOCK)
+                mask = offs < COLS
+                acc = load_acc(mine + offs, mask)
+                for i in range(1, world):
+                    s = (me + i) % world
+                    acc = combine(acc, load_acc(inbox + s.to(tl.int64) * CAP + offs, mask), OP)
+                tl.store(out_ptr + COL + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
     _sync.end_call(ctx, n)
 
 
@@ -122,5 +130,5 @@ def _reduce_scatter(comm, x, out, op: int, record: list | None = None) -> None:
         cfg = launch_for(comm, hi - lo)
         launch(reduce_scatter_kernel, (cfg.programs,),
                (x.view(-1), out.view(-1), scratch, comm.context, hi - lo, cap, c, lo),
-               {"OP": op, "BLOCK": cfg.block}, num_warps=cfg.num_warps,
-               backend=comm.backend, record=record)
+               {"OP": op, "BLOCK": cfg.block, "ROUNDS": rounds_for(comm, hi - lo, cfg)},
+               num_warps=cfg.num_warps, backend=comm.backend, record=record)

@@ -27,7 +27,7 @@ ALIGN = 256
 MAX_WORLD = 64
 MAX_BARRIER_BLOCKS = 256
 SIGNAL_PAD_BYTES = MAX_BARRIER_BLOCKS * MAX_WORLD * 4  # int32 per (block, peer)
-FLAGS_BYTES = 128 * 1024  # per-program call counters + arrival slots, see collectives/_sync.py
+FLAGS_BYTES = 132 * 1024  # call counters + two banks of arrival slots (collectives/_sync.py)
 
 
 def _round_up(n: int, a: int = ALIGN) -> int:
