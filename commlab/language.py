@@ -23,6 +23,7 @@ GPU code never contains that branch).
 from __future__ import annotations
 
 import os
+import time
 
 import triton
 import triton.language as tl
@@ -35,9 +36,21 @@ CTX_BASES = tl.constexpr(4)  # ctx[4 + r] = base of rank r's heap
 
 
 if _interpret.interpreting():
+    _spin = [0, 0.0]  # consecutive spins, time of the last one
 
-    def _host_yield():  # interpreter: let the ranks we wait for have the core
-        os.sched_yield()
+    def _host_yield():
+        """Interpreter: give the core to the ranks we wait for. Ranks often outnumber
+        cores (4 ranks on a 2-core laptop or CI box), so after a short burst of
+        sched_yield the waiter sleeps, progressively longer, instead of spinning."""
+        now = time.perf_counter()
+        if now - _spin[1] > 0.005:  # a new wait began
+            _spin[0] = 0
+        _spin[1] = now
+        _spin[0] += 1
+        if _spin[0] < 20:
+            os.sched_yield()
+        else:
+            time.sleep(0.0001 if _spin[0] < 200 else 0.0005)
 
 else:
 
