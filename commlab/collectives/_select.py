@@ -6,7 +6,9 @@ documented defaults, from bench/results/2xh200-smoke.txt (2xH200, bf16):
 
 - two ranks: one-shot up to 2 MiB (graph mode 1 MiB: 9.7 us against two-shot's 11.5),
   two-shot above (16 MiB: 58.9 us against 63.9);
-- more ranks: one-shot up to 256 KiB (it sends (W-1)·N per rank), two-shot above.
+- more ranks: one-shot up to 256 KiB (it sends (W-1)·N per rank), two-shot above;
+- CPU backend: one-shot up to 64 KiB, two-shot above (the interpreter's cost is per
+  element touched, and one-shot touches W·N).
 """
 
 from __future__ import annotations
@@ -15,7 +17,12 @@ ONE_SHOT_MAX_BYTES = 256 * 1024
 ONE_SHOT_MAX_BYTES_TWO_RANKS = 2 * 1024 * 1024
 
 
-def default_all_reduce(world_size: int, nbytes: int) -> str:
+ONE_SHOT_MAX_BYTES_CPU = 64 * 1024
+
+
+def default_all_reduce(world_size: int, nbytes: int, backend: str = "cuda") -> str:
+    if backend == "cpu":  # interpreter: cost is per element touched; one-shot touches W·N
+        return "one_shot" if nbytes <= ONE_SHOT_MAX_BYTES_CPU else "two_shot"
     limit = ONE_SHOT_MAX_BYTES_TWO_RANKS if world_size <= 2 else ONE_SHOT_MAX_BYTES
     return "one_shot" if nbytes <= limit else "two_shot"
 
@@ -29,4 +36,4 @@ def choose_all_reduce(comm, dtype, nbytes: int) -> str:
         algo = lookup(comm, "all_reduce", dtype, nbytes)
         if algo:
             return algo
-    return default_all_reduce(comm.world_size, nbytes)
+    return default_all_reduce(comm.world_size, nbytes, comm.backend)
