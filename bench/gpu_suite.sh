@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The lead's one command on the 2xH200 machine (torch 2.11, triton 3.6, no downloads):
+#
+#   bash bench/gpu_suite.sh            # from the repository root; ~8 minutes
+#
+# 1. GPU correctness suite (pytest -m gpu)
+# 2. full benchmark, eager and CUDA-graph, every op, 8 B .. 1 GiB -> bench/results/2xh200-w2.json
+# 3. commlab.tune() + the tuned-auto check (auto within 5% of the best algorithm per size)
+# Everything it writes is also copied to $OUT when set (the device tool brings $OUT back).
+set -u
+cd "$(dirname "$0")/.."
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+# NVLink multicast stays off: NCCL NVLS, PyTorch symmetric memory, NVSHMEM.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export COMMLAB_TUNING_DIR="$PWD/bench/results/tuning" COMMLAB_TIMEOUT=120
+STAMP=$(mktemp)  # files written after this are this run's results
+if [ -n "${OUT:-}" ]; then exec > >(tee -a "$OUT/gpu_suite.log") 2>&1; fi
+PY=${PYTHON:-python}
+NGPU=${NGPU:-2}
+RUN="$PY -m torch.distributed.run --standalone --nproc-per-node $NGPU"
+SIZES=8,64,1KiB,8KiB,64KiB,256KiB,1MiB,4MiB,16MiB,64MiB,256MiB,1GiB
+status=0
+step() {  # step NAME SECONDS CMD...: run with a time limit, keep going, remember failures
+  local name=$1 limit=$2; shift 2
+  echo "=== $name (limit ${limit}s) $(date -u +%H:%M:%S)"
+  local t0=$SECONDS
+  timeout --signal=INT --kill-after=15 "$limit" "$@"
+  local rc=$?
+  echo "=== $name: exit $rc after $((SECONDS - t0)) s"
+  [ $rc -ne 0 ] && status=1
+}
+$PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, \
+'gpus', torch.cuda.device_count(), torch.cuda.get_device_name(0))"
+step "gpu tests" 150 $PY -m pytest -m gpu -q -x -p no:cacheprovider
+step "bench eager+graph" 230 $RUN -m commlab.bench --sizes $SIZES --mode both --iters 20 \
+  --no-progress --out bench/results
+step "tune + auto check" 100 $RUN -m commlab.tuning --check --sizes $SIZES --iters 10 \
+  --out bench/results
+if [ -n "${OUT:-}" ]; then  # this run's records and tuning table, flat (the tool takes 8 files)
+  find bench/results -type f -newer "$STAMP" -name '*.json' -exec cp {} "$OUT/" \; -print
+fi
+rm -f "$STAMP"
+echo "gpu_suite: $([ $status -eq 0 ] && echo all steps passed || echo SOME STEPS FAILED)"
+exit $status

@@ -1,0 +1,68 @@
+"""``python -m commlab.tuning`` under torchrun: build this topology's tuning table, then
+check that ``auto`` is within 5% of the best single algorithm at every swept size.
+
+    torchrun --nproc-per-node 2 -m commlab.tuning --check --out bench/results
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def main(argv=None) -> int:
+    from commlab.bench.__main__ import SAFE_ENV
+
+    os.environ.update(SAFE_ENV)
+    p = argparse.ArgumentParser(prog="python -m commlab.tuning", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--backend", default="auto", choices=("auto", "cpu", "cuda"))
+    p.add_argument("--sizes", default=None, help="comma list (default: tuning's defaults)")
+    p.add_argument("--dtypes", default=None, help="comma list (default: bf16,fp32 GPU; fp32 CPU)")
+    p.add_argument("--mode", default=None, choices=("eager", "graph"))
+    p.add_argument("--iters", type=int, default=None)
+    p.add_argument("--check", action="store_true",
+                   help="after tuning, time auto against each algorithm (fresh run)")
+    p.add_argument("--tolerance", type=float, default=0.05)
+    p.add_argument("--out", default="", help="merge the check's records into this folder")
+    args = p.parse_args(argv)
+    if args.backend == "cpu":
+        os.environ.setdefault("COMMLAB_BACKEND", "cpu")
+    import commlab
+    from commlab import bench, tuning
+
+    comm = commlab.init(backend=args.backend)
+    sizes = [bench.parse_size(s) for s in args.sizes.split(",")] if args.sizes else None
+    dtypes = args.dtypes.split(",") if args.dtypes else None
+    table = tuning.tune(sizes=sizes, dtypes=dtypes, mode=args.mode, iters=args.iters)
+    rc = 0
+    if comm.rank == 0:
+        print(f"tuning table {table.fingerprint} -> {tuning.table_path(comm)}")
+        for key, rows in table.entries.items():
+            print(f"  {key}: " + ", ".join(f"{r['bytes']} B {r['algorithm']}" for r in rows))
+    if args.check:
+        mode = table.meta.get("mode", "eager")
+        records = []
+        for dt in dtypes or sorted({k.split("|")[1] for k in table.entries}):
+            res = bench.run(comm, ops=["all_reduce"], sizes=sizes or tuning.default_sizes(
+                comm.backend), dtype=dt, modes=(mode,), iters=args.iters or 20,
+                algorithms=["commlab:*"])
+            records += res.records
+        if comm.rank == 0:
+            bad = tuning.auto_violations(records, args.tolerance)
+            print(bench.format_table(records, bench.link_peak_gbps(comm)))
+            print(f"auto vs best single algorithm: {len(bad)} size(s) more than "
+                  f"{100 * args.tolerance:g}% slower" + (":" if bad else ""))
+            for line in bad:
+                print(f"  {line}")
+            rc = 1 if bad else 0
+            if args.out and records:
+                path = bench.write_records(bench.results_path(args.out, comm), records)
+                print(f"wrote to {path}")
+    commlab.finalize()
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
