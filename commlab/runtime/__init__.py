@@ -1,5 +1,6 @@
 """The runtime: bootstrap, the Communicator, the symmetric heap."""
 
+from commlab.runtime import _triton_lib
 from commlab.runtime.communicator import (
     Communicator,
     finalize,
@@ -11,3 +12,5 @@ from commlab.runtime.communicator import (
 
 __all__ = ["Communicator", "finalize", "get_communicator", "init", "symmetric_empty",
            "symmetric_zeros"]
+
+_triton_lib.adopt()  # `import triton` may have come before `import commlab`: fix its helpers

@@ -14,9 +14,11 @@ from __future__ import annotations
 import sys
 
 
-def adopt() -> int:
-    """Re-wrap triton.language's compiled-mode JITFunctions as interpreted ones when
-    the interpreter is on; return how many were re-wrapped (0 when nothing to do)."""
+def adopt(all_modules: bool = False) -> int:
+    """Re-wrap compiled-mode JITFunctions as interpreted ones when the interpreter is on;
+    return how many were re-wrapped (0 when nothing to do). By default only
+    triton.language's helpers; ``all_modules`` also re-wraps module-level kernels of
+    every loaded module (a script that defined its kernels before ``import commlab``)."""
     from commlab import _interpret
 
     if not _interpret.interpreting() or "triton.language" not in sys.modules:
@@ -26,10 +28,11 @@ def adopt() -> int:
 
     swapped: dict[int, InterpretedFunction] = {}
     for name, mod in list(sys.modules.items()):
-        if mod is None or not (name == "triton.language" or name.startswith("triton.language.")):
+        in_triton = name == "triton.language" or name.startswith("triton.language.")
+        if mod is None or not (in_triton or (all_modules and not name.startswith("triton"))):
             continue
         for attr, value in list(vars(mod).items()):
-            if isinstance(value, JITFunction):
+            if issubclass(type(value), JITFunction):  # type(): no proxy __class__ lookups
                 new = swapped.get(id(value))
                 if new is None:
                     new = swapped[id(value)] = InterpretedFunction(value.fn)

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from commlab.errors import CommlabUsageError
-from commlab.runtime import _shm, _triton_lib
+from commlab.runtime import _shm
 from commlab.runtime._bootstrap import World, bootstrap
 from commlab.runtime._control import ControlBlock, Signature
 from commlab.runtime.heap import (
@@ -144,7 +144,9 @@ def init(backend: str = "auto", *, heap_size=None, scratch_size=None,
     timeout = float(timeout if timeout is not None else os.environ.get("COMMLAB_TIMEOUT", 300))
     world = bootstrap(backend, timeout)
     if world.backend == "cpu":
-        _triton_lib.adopt()  # `import triton` may have come before `import commlab`
+        from commlab.runtime import _triton_lib
+
+        _triton_lib.adopt(all_modules=True)  # kernels a script defined before the import
     if world.world_size > MAX_WORLD:
         raise CommlabUsageError(f"commlab supports up to {MAX_WORLD} ranks, got {world.world_size}")
     d_heap, d_scratch = _DEFAULTS[world.backend]
