@@ -7,8 +7,9 @@ copy their inbox out. The source's outgoing links carry (W-1)·N: about N / link
 bandwidth with two ranks.
 
     signal/wait "ready" with every rank
-    src:    inbox@peer = x  for every peer;  out = x;  signal every peer
-    others: wait for src;  out = inbox
+    for t in 0 .. ROUNDS-1:
+        src:    inbox@peer[slice t] = x[slice t] for every peer;  out = x;  signal (t)
+        others: wait for src (t);  out[slice t] = inbox[slice t]
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from commlab.collectives._common import (
     comm_or_raise,
     launch_for,
     peer_ptr,
+    rounds_for,
     traced,
 )
 from commlab.collectives._launch import launch
@@ -44,29 +46,34 @@ def broadcast_kernel(
     SRC,
     # Meta-parameters
     BLOCK: tl.constexpr,
+    ROUNDS: tl.constexpr,  # pipeline depth: receivers copy slice t while src pushes t+1
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     me = cl.rank(ctx)
     world = cl.num_ranks(ctx)
     n = _sync.begin_call(ctx)
-    _sync.signal_all(ctx, n * _sync.PHASES + 1)
-    _sync.wait_all(ctx, n * _sync.PHASES + 1)  # every inbox is free for this call
+    base = n * _sync.PHASES
+    _sync.signal_all(ctx, base + 1, 0)
+    _sync.wait_all(ctx, base + 1, 0)  # every inbox is free for this call
+    per = tl.cdiv(_sync.my_blocks(N, BLOCK), ROUNDS)
     if me == SRC:
-        for start in range(pid * BLOCK, N, nprog * BLOCK):
-            offs = start + tl.arange(0, BLOCK)
-            mask = offs < N
-            v = tl.load(x_ptr + offs, mask=mask)
-            tl.store(out_ptr + offs, v, mask=mask)
-            for i in range(1, world):
-                tl.store(peer_ptr(scratch_ptr, (me + i) % world, ctx) + offs, v, mask=mask)
-        _sync.signal_all(ctx, n * _sync.PHASES + 2)
+        for t in range(0, ROUNDS):
+            for j in range(t * per, (t + 1) * per):
+                offs = (pid + j * nprog) * BLOCK + tl.arange(0, BLOCK)
+                mask = offs < N
+                v = tl.load(x_ptr + offs, mask=mask)
+                tl.store(out_ptr + offs, v, mask=mask)
+                for i in range(1, world):
+                    tl.store(peer_ptr(scratch_ptr, (me + i) % world, ctx) + offs, v, mask=mask)
+            _sync.signal_all(ctx, base + t + 1, 1)  # slice t is in every inbox
     else:
-        _sync.wait_from(ctx, SRC, n * _sync.PHASES + 2)  # src's data is in our inbox
-        for start in range(pid * BLOCK, N, nprog * BLOCK):
-            offs = start + tl.arange(0, BLOCK)
-            mask = offs < N
-            tl.store(out_ptr + offs, tl.load(scratch_ptr + offs, mask=mask), mask=mask)
+        for t in range(0, ROUNDS):
+            _sync.wait_from(ctx, SRC, base + t + 1, 1)
+            for j in range(t * per, (t + 1) * per):
+                offs = (pid + j * nprog) * BLOCK + tl.arange(0, BLOCK)
+                mask = offs < N
+                tl.store(out_ptr + offs, tl.load(scratch_ptr + offs, mask=mask), mask=mask)
     _sync.end_call(ctx, n)
 
 
@@ -104,5 +111,5 @@ def _broadcast(comm, x, out, src: int, record: list | None = None) -> None:
         cfg = launch_for(comm, hi - lo)
         launch(broadcast_kernel, (cfg.programs,),
                (flat[lo:hi], flat_out[lo:hi], scratch, comm.context, hi - lo, src),
-               {"BLOCK": cfg.block}, num_warps=cfg.num_warps, backend=comm.backend,
-               record=record)
+               {"BLOCK": cfg.block, "ROUNDS": rounds_for(comm, hi - lo, cfg)},
+               num_warps=cfg.num_warps, backend=comm.backend, record=record)
