@@ -84,8 +84,9 @@ _NO_TRACE = contextlib.nullcontext()
 
 
 def traced(op: str, nbytes: int, algorithm: str, device):
-    """A "comm" span while a trace is recording; a shared no-op otherwise (no cost)."""
-    if not trace.is_recording():
+    """A "comm" span while a trace is recording (or torch.profiler runs); a shared no-op
+    otherwise (no cost)."""
+    if not trace.needed():
         return _NO_TRACE
     return trace.collective(op, nbytes, algorithm, device)
 

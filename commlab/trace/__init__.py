@@ -5,11 +5,21 @@
         y = a @ b
     z = commlab.all_reduce(y)          # recorded as a "comm" span, with bytes and algorithm
     spans = commlab.trace.stop()       # list[Span], microseconds since start()
+
+    commlab.trace.overlap_metrics(spans)            # per rank: overlap ratio, exposed comm
+    commlab.trace.to_chrome_trace(spans, "t.json")  # open in ui.perfetto.dev
+    commlab.trace.load_torch_trace("prof.json")     # torch.profiler trace -> spans
 """
 
 from __future__ import annotations
 
+import contextlib
+
+import torch
+
 from commlab.trace._recorder import RECORDER, Span
+from commlab.trace.chrome import classify, load_torch_trace, to_chrome_trace
+from commlab.trace.overlap import OverlapMetrics, overlap_metrics, ratio_warnings
 
 
 def start(rank: int | None = None) -> None:
@@ -31,13 +41,30 @@ def span(name: str, kind: str = "compute", **kw):
     return RECORDER.span(name, kind, **kw)
 
 
+@contextlib.contextmanager
 def collective(op: str, nbytes: int, algorithm: str, device=None):
-    """Used by commlab's collectives: a "comm" span with the bytes moved and algorithm."""
-    return RECORDER.span(op, "comm", bytes=nbytes, algorithm=algorithm, device=device)
+    """Used by commlab's collectives: a "comm" span with the bytes moved and algorithm.
+    Under torch.profiler the region is also labelled ``commlab::<op>``, so profiler
+    traces (and HTA) see commlab's communication by name."""
+    if torch.autograd._profiler_enabled():
+        with torch.profiler.record_function(f"commlab::{op}"), \
+                RECORDER.span(op, "comm", bytes=nbytes, algorithm=algorithm, device=device):
+            yield
+        return
+    with RECORDER.span(op, "comm", bytes=nbytes, algorithm=algorithm, device=device):
+        yield
 
 
 def is_recording() -> bool:
     return RECORDER.active
 
 
-__all__ = ["Span", "collective", "is_recording", "span", "start", "stop"]
+def needed() -> bool:
+    """Whether a collective should enter ``collective(...)``: a recording is active, or
+    torch.profiler is running (then the region is labelled ``commlab::<op>``)."""
+    return RECORDER.active or torch.autograd._profiler_enabled()
+
+
+__all__ = ["OverlapMetrics", "Span", "classify", "collective", "is_recording",
+           "load_torch_trace", "needed", "overlap_metrics", "ratio_warnings", "span", "start",
+           "stop", "to_chrome_trace"]

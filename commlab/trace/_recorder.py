@@ -34,6 +34,16 @@ class Span:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    @classmethod
+    def from_dict(cls, d: dict) -> Span:
+        """Inverse of ``to_dict`` (unknown keys go to ``meta``)."""
+        names = {f for f in cls.__dataclass_fields__}
+        kw = {k: v for k, v in d.items() if k in names}
+        extra = {k: v for k, v in d.items() if k not in names}
+        if extra:
+            kw["meta"] = {**kw.get("meta", {}), **extra}
+        return cls(**kw)
+
 
 class Recorder:
     def __init__(self) -> None:

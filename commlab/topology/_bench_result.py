@@ -1,0 +1,118 @@
+"""``LinkBenchResult``: the bandwidth matrix of a linkbench run, as plain data.
+
+``gbps[method][size_index][i][j]`` is the bandwidth at which rank i read rank j's buffer.
+``peak[i][j]`` is the link's peak (per direction, GB/s) or None when unknown; on the CPU
+backend a shared-memory "link" is memory, so its peak is the reader's own local copy
+bandwidth measured in the same run (the diagonal, largest size, memcpy).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+SCHEMA = "commlab.linkbench/1"
+
+
+def fmt_bytes(n: int) -> str:
+    for unit, div in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= div and n % div == 0:
+            return f"{n // div} {unit}"
+    return f"{n} B"
+
+
+@dataclass
+class LinkBenchResult:
+    world_size: int
+    backend: str
+    sizes: list[int]
+    methods: list[str]
+    gbps: dict[str, list[list[list[float]]]]
+    peak: list[list[float | None]] = field(default_factory=list)
+    peak_source: str = ""
+    device: str = ""
+    meta: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_rows(cls, rows: list[dict], topology=None) -> LinkBenchResult:
+        """Assemble each reader's row (``linkbench.rank_run``) into the full matrix."""
+        rows = sorted(rows, key=lambda r: r["rank"])
+        r0 = rows[0]
+        w, methods, sizes = r0["world_size"], r0["methods"], r0["sizes"]
+        gbps = {m: [[rows[i]["gbps"][m][si] for i in range(w)] for si in range(len(sizes))]
+                for m in methods}
+        res = cls(w, r0["backend"], sizes, methods, gbps, device=r0.get("device", ""))
+        res.peak, res.peak_source = _peaks(res, topology)
+        return res
+
+    # -- views ---------------------------------------------------------------------------
+    def matrix(self, method: str | None = None, size: int | None = None) -> list[list[float]]:
+        """GB/s, reader i (row) from source j (column), at ``size`` (default: largest)."""
+        m = method or self.methods[0]
+        return self.gbps[m][self._size_index(size)]
+
+    def percent_of_peak(self, method=None, size=None) -> list[list[float | None]]:
+        mat = self.matrix(method, size)
+        return [[(100.0 * v / p if p else None) for v, p in zip(row, prow, strict=True)]
+                for row, prow in zip(mat, self.peak or [[None] * self.world_size] * len(mat),
+                                          strict=True)]
+
+    def curve(self, i: int, j: int, method: str | None = None) -> list[float]:
+        m = method or self.methods[0]
+        return [self.gbps[m][si][i][j] for si in range(len(self.sizes))]
+
+    def _size_index(self, size: int | None) -> int:
+        if size is None:
+            return len(self.sizes) - 1
+        if size not in self.sizes:
+            raise ValueError(f"size {size} was not measured; measured sizes: "
+                             f"{', '.join(fmt_bytes(s) for s in self.sizes)}")
+        return self.sizes.index(size)
+
+    def table(self, method=None, size=None) -> str:
+        """A text matrix, for terminals and logs."""
+        mat = self.matrix(method, size)
+        head = "reader\\src " + "".join(f"{j:>10}" for j in range(self.world_size))
+        lines = [head] + [f"rank {i:<6}" + "".join(f"{v:>10.2f}" for v in row)
+                          for i, row in enumerate(mat)]
+        return "\n".join(lines)
+
+    # -- persistence ---------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return {"schema": SCHEMA, **asdict(self)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> LinkBenchResult:
+        d = {k: v for k, v in d.items() if k != "schema"}
+        return cls(**d)
+
+    def save(self, path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+        return path
+
+    @classmethod
+    def load(cls, path) -> LinkBenchResult:
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+
+def _peaks(res: LinkBenchResult, topology) -> tuple[list, str]:
+    w = res.world_size
+    if res.backend == "cpu" or topology is None:
+        m = "memcpy" if "memcpy" in res.methods else res.methods[0]
+        local = [res.gbps[m][-1][i][i] for i in range(w)]
+        peak = [[local[i] if local[i] and not math.isnan(local[i]) else None for _ in range(w)]
+                for i in range(w)]
+        return peak, (f"shared memory is memory: each reader's own local copy bandwidth "
+                      f"({m}, {fmt_bytes(res.sizes[-1])}, measured in this run)")
+    peak = [[None] * w for _ in range(w)]
+    for i in range(w):
+        for j in range(w):
+            a, b = topology.ranks.get(i), topology.ranks.get(j)
+            if a and b and a != b:
+                e = topology.edge(a, b)
+                peak[i][j] = e.peak_gbps if e is not None and e.peak_gbps else None
+    return peak, f"topology {topology.name!r}: edge peak_gbps (per direction)"

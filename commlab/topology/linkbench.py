@@ -1,0 +1,216 @@
+"""Per-link bandwidth: every ordered pair of ranks, over a size sweep.
+
+For each (reader i, source j) in turn — only rank i moves data, the others wait at a
+host barrier, so a pair is measured alone — rank i copies rank j's symmetric buffer
+into a local one, with
+
+* ``triton``: a Triton copy kernel reading through ``cl.symm_at(src, j, ctx)``
+  (on CPU the Triton interpreter, on GPU compiled loads over NVLink/PCIe);
+* ``memcpy``: ``dst.copy_(peer_view)`` on a tensor built over rank j's mapping of the
+  heap — a copy-engine (cudaMemcpy) peer copy on GPU, a ``memcpy`` on CPU.
+
+    GB/s = bytes / median time;  % of peak = GB/s / edge.peak_gbps
+    (i == j is a local copy: the diagonal is each rank's own memory bandwidth)
+
+Run on a world with ``measure(comm, ...)`` (every rank calls it); results come back as
+rows, one per reader, that ``LinkBenchResult.from_rows`` assembles.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import math
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+import triton
+import triton.language as tl
+
+import commlab
+import commlab.language as cl
+from commlab.topology._bench_result import LinkBenchResult
+
+CPU_SIZES = tuple(4 << (2 * k + 10) for k in range(5))  # 4 KiB .. 1 MiB, x4 apart
+GPU_SIZES = tuple(64 << (2 * k + 10) for k in range(7))  # 64 KiB .. 256 MiB
+METHODS = ("triton", "memcpy")
+
+
+@triton.jit
+def peer_copy_kernel(
+    # Symmetric buffers
+    src_ptr,  # [n] int32, read on rank `peer`
+    # Local buffers
+    dst_ptr,  # [n] int32
+    ctx,
+    peer,
+    # Sizes
+    n,
+    # Meta-parameters
+    BLOCK: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    # --- the peer's copy of src: same heap offset, the peer's base (heap blocks are
+    # 256-byte aligned, so 16-byte vector loads stay legal)
+    remote = tl.multiple_of(cl.symm_at(src_ptr, peer, ctx), 16)
+    # --- grid-stride copy: every program streams BLOCK elements per step
+    for start in range(pid * BLOCK, n, nprog * BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        mask = offs < n
+        tl.store(dst_ptr + offs, tl.load(remote + offs, mask=mask), mask=mask)
+
+
+class _CudaPtr:
+    """A CUDA pointer (here: a peer's heap, mapped in this process) seen by torch."""
+
+    def __init__(self, ptr: int, nbytes: int):
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1",
+                                         "data": (ptr, False), "version": 3,
+                                         "strides": None, "stream": None}
+
+
+def peer_view(comm, t: torch.Tensor, peer: int) -> torch.Tensor:
+    """``t`` (a symmetric tensor) as it lives on ``peer``, addressed from this process."""
+    off = comm.heap.offset_of(t)
+    if off is None:
+        raise ValueError("peer_view: the tensor is not in the symmetric heap; allocate it "
+                         "with commlab.symmetric_empty")
+    addr = comm.heap.bases[peer] + off
+    nbytes = t.numel() * t.element_size()
+    if comm.backend == "cuda":
+        raw = torch.as_tensor(_CudaPtr(addr, nbytes), device=comm.device)
+    else:
+        raw = torch.frombuffer((ctypes.c_uint8 * nbytes).from_address(addr), dtype=torch.uint8)
+    return raw.view(t.dtype).view(t.shape)
+
+
+def _launch(comm, n: int) -> tuple[int, int, int]:
+    """(programs, BLOCK, num_warps) for an n-element copy."""
+    if comm.backend == "cpu":  # interpreter: one program, big blocks (one numpy op each)
+        return 1, min(1 << 16, triton.next_power_of_2(max(n, 16))), 4
+    sms = torch.cuda.get_device_properties(comm.device).multi_processor_count
+    block = 4096
+    return max(1, min(math.ceil(n / block), sms * 4)), block, 8
+
+
+def _copy(comm, method, src, dst, peer_src, peer, n):
+    if method == "triton":
+        progs, block, warps = _launch(comm, n)
+        peer_copy_kernel[(progs,)](src, dst, comm.context, peer, n, BLOCK=block,
+                                   num_warps=warps)
+    else:
+        dst[:n].copy_(peer_src[:n])
+
+
+def _time(comm, fn, iters: int) -> float:
+    """Median seconds of ``fn`` over ``iters`` runs after a warm-up."""
+    fn()
+    if comm.backend == "cuda":
+        torch.cuda.synchronize(comm.device)
+        out = []
+        for _ in range(iters):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            out.append(a.elapsed_time(b) / 1e3)
+        return statistics.median(out)
+    out = []
+    for _ in range(iters):
+        t = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t)
+    return statistics.median(out)
+
+
+def _pattern(rank: int, n: int, device) -> torch.Tensor:
+    return torch.arange(n, dtype=torch.int32, device=device) + (rank << 24)
+
+
+def measure(comm, sizes=None, iters: int | None = None, methods=METHODS,
+            progress=None) -> dict:
+    """Every rank calls this; returns this rank's row: {"rank", "gbps": {method: [[...]]}}
+    with gbps[method][size_index][source_rank] for this rank as the reader.
+
+    ``progress``: an object with ``put`` (a queue) that rank 0 feeds ``(done, total)``.
+    """
+    sizes = tuple(sizes or (CPU_SIZES if comm.backend == "cpu" else GPU_SIZES))
+    iters = iters or (3 if comm.backend == "cpu" else 20)
+    threads = torch.get_num_threads()
+    if comm.backend == "cpu":
+        # Ranks share the cores: another rank's idle OpenMP threads spinning would be
+        # measured as a slow link. One thread per rank measures the memory, not the spin.
+        torch.set_num_threads(1)
+    try:
+        return _measure(comm, sizes, iters, methods, progress)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _measure(comm, sizes, iters, methods, progress) -> dict:
+    bad = [m for m in methods if m not in METHODS]
+    if bad:
+        raise ValueError(f"linkbench: unknown method {bad[0]!r}; use one of {METHODS}")
+    world, me = comm.world_size, comm.rank
+    n_max = max(sizes) // 4
+    src = commlab.symmetric_empty((n_max,), torch.int32)
+    src.copy_(_pattern(me, n_max, src.device))
+    dst = torch.empty(n_max, dtype=torch.int32, device=src.device)
+    comm.synchronize()
+    dist.barrier(group=comm.cpu_group)  # every rank's pattern is written
+    views = {j: peer_view(comm, src, j) for j in range(world)}
+    gbps = {m: [[0.0] * world for _ in sizes] for m in methods}
+    total, done = len(methods) * len(sizes) * world * world, 0
+    for m in methods:
+        for si, nbytes in enumerate(sizes):
+            n = nbytes // 4
+            for i in range(world):
+                for j in range(world):
+                    dist.barrier(group=comm.cpu_group)  # only the reader runs now
+                    if me == i:
+                        dst[:n].fill_(-1)
+                        _copy(comm, m, src, dst, views[j], j, n)
+                        _verify(dst[:n], j, m)
+                        t = _time(comm, functools.partial(_copy, comm, m, src, dst, views[j],
+                                                          j, n), iters)
+                        gbps[m][si][j] = nbytes / t / 1e9
+                    done += 1
+                    if progress is not None and me == 0:
+                        progress.put((done, total))
+    dist.barrier(group=comm.cpu_group)  # nobody reads src any more: it may be freed
+    return {"rank": me, "gbps": gbps}
+
+
+def _verify(got: torch.Tensor, src_rank: int, method: str) -> None:
+    want = _pattern(src_rank, got.numel(), got.device)
+    if not torch.equal(got, want):
+        k = int((got != want).nonzero()[0])
+        raise RuntimeError(f"linkbench: {method} copy from rank {src_rank} is wrong at element "
+                           f"{k} (got {int(got[k])}, want {int(want[k])}); the heap mapping of "
+                           f"rank {src_rank} is broken")
+
+
+def rank_run(comm, sizes=None, iters=None, methods=METHODS, progress=None) -> dict:
+    """``measure`` plus what the client needs to build a result (for run_world/apply)."""
+    row = measure(comm, sizes, iters, methods, progress)
+    row.update(backend=comm.backend, world_size=comm.world_size,
+               device=_device_name(comm),
+               sizes=list(sizes or (CPU_SIZES if comm.backend == "cpu" else GPU_SIZES)),
+               methods=list(methods))
+    return row
+
+
+def _device_name(comm) -> str:
+    if comm.backend == "cuda":
+        return torch.cuda.get_device_name(comm.device)
+    import platform
+
+    return f"CPU {platform.processor() or platform.machine()}"
+
+
+def result_from_rows(rows: list[dict], topology=None) -> LinkBenchResult:
+    return LinkBenchResult.from_rows(rows, topology)

@@ -1,0 +1,12 @@
+"""Widgets for notebooks (ipywidgets 8 + plotly FigureWidget): the topology explorer,
+the linkbench view and the overlap timeline. Their data models are plain Python objects
+(``TopologyGraph``, ``LinkBenchResult``, ``TimelineModel``), tested without a browser;
+live updates go through one pump, at most ~10 redraws a second."""
+
+from commlab.widgets._linkbench import LinkBenchView
+from commlab.widgets._pump import PUMP, Pump
+from commlab.widgets._timeline import TimelineModel, TimelineView, show_timeline
+from commlab.widgets._topology import TopologyExplorer, TopologyGraph
+
+__all__ = ["LinkBenchView", "PUMP", "Pump", "TimelineModel", "TimelineView",
+           "TopologyExplorer", "TopologyGraph", "show_timeline"]

@@ -1,0 +1,93 @@
+"""Linkbench view: a heatmap of GB/s for every ordered pair (reader row, source column)
+with % of the link's peak in each cell, and the bandwidth-vs-size curve of each pair."""
+
+from __future__ import annotations
+
+import html
+
+from commlab.topology._bench_result import LinkBenchResult, fmt_bytes
+
+
+def heatmap_data(res: LinkBenchResult, method: str, size: int | None = None) -> dict:
+    """z (GB/s), cell text and axis labels for the heatmap: plain data for tests."""
+    mat = res.matrix(method, size)
+    pct = res.percent_of_peak(method, size)
+    text = [[f"{v:.3g} GB/s<br>{p:.3g}% of peak" if p is not None else f"{v:.3g} GB/s"
+             for v, p in zip(row, prow, strict=True)] for row, prow in zip(mat, pct, strict=True)]
+    ranks = [f"rank {i}" for i in range(res.world_size)]
+    return {"z": mat, "text": text, "x": ranks, "y": ranks, "pct": pct}
+
+
+def curves(res: LinkBenchResult, method: str) -> list[dict]:
+    """One line per ordered pair: {"name", "x" (bytes), "y" (GB/s), "local"}."""
+    out = []
+    for i in range(res.world_size):
+        for j in range(res.world_size):
+            out.append({"name": f"{i}←{j}" if i != j else f"{i} local", "x": list(res.sizes),
+                        "y": res.curve(i, j, method), "local": i == j})
+    return out
+
+
+class LinkBenchView:
+    """``LinkBenchView(result)``: heatmap + size curves, with method and size pickers."""
+
+    def __init__(self, result: LinkBenchResult):
+        import ipywidgets as W
+        import plotly.graph_objects as go
+
+        self.result = result
+        self.method = W.Dropdown(options=result.methods, value=result.methods[0],
+                                 description="method")
+        self.size = W.Dropdown(options=[(fmt_bytes(s), s) for s in result.sizes],
+                               value=result.sizes[-1], description="size")
+        self.heatmap = go.FigureWidget()
+        self.heatmap._config = {"displaylogo": False}  # before any trace: see _timeline
+        self.heatmap.add_heatmap(z=[[0]], colorscale="Viridis", colorbar={"title": "GB/s"},
+                                 texttemplate="%{text}", hovertemplate="rank %{y} reads rank "
+                                 "%{x}: %{text}<extra></extra>")
+        self.heatmap.update_layout(height=360, width=460, margin={"t": 40, "l": 60, "r": 10,
+                                   "b": 40}, yaxis={"autorange": "reversed", "title": "reader"},
+                                   xaxis={"title": "source"})
+        self.curve = go.FigureWidget()
+        self.curve._config = {"displaylogo": False}
+        self.curve.update_layout(height=360, width=520, margin={"t": 40, "l": 60, "r": 10,
+                                 "b": 40}, xaxis={"type": "log", "title": "bytes"},
+                                 yaxis={"title": "GB/s", "type": "log"},
+                                 legend={"font": {"size": 10}})
+        peak_src = html.escape(result.peak_source)
+        self.note = W.HTML(f"<small>{html.escape(result.device)} · {result.backend} · "
+                           f"GB/s = bytes / median time · peak: {peak_src}</small>")
+        self.method.observe(lambda ch: self._draw(), names="value")
+        self.size.observe(lambda ch: self._draw(), names="value")
+        self.widget = W.VBox([W.HBox([self.method, self.size]),
+                              W.HBox([self.heatmap, self.curve]), self.note])
+        self._draw()
+
+    def update(self, result: LinkBenchResult) -> None:
+        """Show a new result (batched through the pump)."""
+        from commlab.widgets._pump import PUMP
+
+        self.result = result
+        PUMP.submit((id(self), "result"), self._draw)
+
+    def _draw(self) -> None:
+        res, m = self.result, self.method.value
+        d = heatmap_data(res, m, self.size.value)
+        with self.heatmap.batch_update():
+            h = self.heatmap.data[0]
+            h.z, h.text, h.x, h.y = d["z"], d["text"], d["x"], d["y"]
+            self.heatmap.layout.title = f"{m}: GB/s at {fmt_bytes(self.size.value)}"
+        with self.curve.batch_update():
+            self.curve.data = []
+            for c in curves(res, m):
+                self.curve.add_scatter(x=c["x"], y=c["y"], name=c["name"], mode="lines+markers",
+                                       line={"dash": "dot" if c["local"] else "solid"})
+            peaks = {p for row in res.peak for p in row if p}
+            for p in sorted(peaks)[:3]:
+                self.curve.add_scatter(x=[res.sizes[0], res.sizes[-1]], y=[p, p], mode="lines",
+                                       name=f"peak {p:.1f}", line={"dash": "dash",
+                                                                   "color": "#888"})
+            self.curve.layout.title = f"{m}: bandwidth vs size"
+
+    def _repr_mimebundle_(self, **kw):
+        return self.widget._repr_mimebundle_(**kw)

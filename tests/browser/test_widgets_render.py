@@ -1,0 +1,183 @@
+"""The three widgets render in a real browser: JupyterLab + headless Chromium.
+
+The test starts JupyterLab on 127.0.0.1 (random port, token auth, its own temp dirs),
+opens a notebook that starts a 2-rank CPU world and shows the topology explorer, the
+linkbench view and the overlap timeline, runs it from the browser, checks that plotly
+drew every plot and that no widget error is on the page, saves screenshots to
+tests/browser/screenshots/, and shuts JupyterLab down (by its pid).
+
+Needs Debian's chromium (``apt-get install -y chromium``) at /usr/bin/chromium.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from commlab.testing import free_port
+
+CHROMIUM = "/usr/bin/chromium"
+SHOTS = Path(__file__).parent / "screenshots"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+DONE = "ALL-CELLS-DONE"
+WIDGET_ERRORS = ("Error displaying widget", "Failed to load model class", "Traceback",
+                 "model not found", "UsageError")
+
+CELLS = [
+    "%load_ext commlab",
+    "%topology --sample 8xh100-nvswitch --route ring",
+    "%dist_start -n 2 --backend cpu",
+    "%topology",
+    "%linkbench --sizes 4K,64K --iters 1",
+    "%%distributed --trace\nimport torch\na = torch.randn(128, 128)\n"
+    "with commlab.trace.span('matmul'):\n    y = a @ a\nz = commlab.all_reduce(y)",
+    "%dist_stop",
+    f"print('{DONE}')",
+]
+EXPECTED_PLOTS = 5  # topology x2, linkbench heatmap + curve, timeline
+
+
+def _notebook(path: Path) -> None:
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(c) for c in CELLS]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}
+    nbformat.write(nb, path)
+
+
+def _wait_http(url: str, proc: subprocess.Popen, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"JupyterLab exited with code {proc.returncode} before serving")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.3)
+    raise TimeoutError(f"JupyterLab did not answer {url.split('?')[0]} within {timeout} s")
+
+
+@pytest.fixture
+def jupyterlab(tmp_path):
+    """(base url, token) of a JupyterLab serving tmp_path/root; stopped by pid after."""
+    root = tmp_path / "root"
+    root.mkdir()
+    env = dict(os.environ)
+    for var in ("JUPYTER_CONFIG_DIR", "JUPYTER_DATA_DIR", "JUPYTER_RUNTIME_DIR", "IPYTHONDIR"):
+        d = tmp_path / var.lower()
+        d.mkdir()
+        env[var] = str(d)
+    labconfig = tmp_path / "jupyter_config_dir" / "labconfig"
+    labconfig.mkdir(parents=True)
+    (labconfig / "page_config.json").write_text(json.dumps({"disabledExtensions": {
+        "@jupyterlab/apputils-extension:announcements": True}}))  # no news pop-up
+    settings = tmp_path / "lab_settings" / "@jupyterlab" / "notebook-extension"
+    settings.mkdir(parents=True)
+    # every cell stays in the DOM (JupyterLab 4 detaches off-screen cells by default)
+    (settings / "tracker.jupyterlab-settings").write_text(json.dumps({"windowingMode": "none"}))
+    env["JUPYTERLAB_SETTINGS_DIR"] = str(tmp_path / "lab_settings")
+    env["JUPYTERLAB_WORKSPACES_DIR"] = str(tmp_path / "lab_workspaces")
+    env["COMMLAB_BACKEND"] = "cpu"
+    port, token = free_port(), secrets.token_hex(16)
+    log = open(tmp_path / "jupyterlab.log", "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
+         f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
+         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
+         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+         "--LabApp.extension_manager=readonly"]  # nothing fetched from PyPI
+        + (["--allow-root"] if os.geteuid() == 0 else []),
+        env=env, stdout=log, stderr=subprocess.STDOUT, cwd=root)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        _wait_http(f"{base}/api/status?token={token}", proc, 90)
+        yield base, token, root
+    finally:
+        try:  # graceful: the server shuts its kernels down, the kernel's world follows
+            req = urllib.request.Request(f"{base}/api/shutdown?token={token}", method="POST")
+            urllib.request.urlopen(req, timeout=5)
+        except OSError:
+            pass
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)  # our own child, by pid
+            proc.wait(timeout=10)
+        log.close()
+        print((tmp_path / "jupyterlab.log").read_text()[-3000:])
+
+
+def _wait_for_text(page, needle: str, timeout: float) -> None:
+    """Wait until the notebook shows ``needle``; on timeout save a screenshot and fail
+    with what the page shows."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(needle in t for t in page.locator(".jp-OutputArea-output").all_inner_texts()):
+            return
+        page.wait_for_timeout(1000)
+    page.screenshot(path=str(SHOTS / "timeout.png"))
+    pytest.fail(f"the notebook did not print {needle!r} within {timeout} s (screenshot: "
+                f"{SHOTS / 'timeout.png'}); it shows:\n{page.inner_text('.jp-Notebook')[-3000:]}")
+
+
+@pytest.mark.browser
+@pytest.mark.timeout(300)
+def test_topology_linkbench_and_timeline_render_in_jupyterlab(jupyterlab):
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"{CHROMIUM} missing: apt-get install -y chromium")
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+    from playwright.sync_api import sync_playwright
+
+    base, token, root = jupyterlab
+    _notebook(root / "observe.ipynb")
+    SHOTS.mkdir(exist_ok=True)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(f"{base}/lab/tree/observe.ipynb?token={token}")
+            page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
+            try:  # JupyterLab may ask which kernel to start: the notebook's own
+                page.get_by_role("button", name="Select", exact=True).click(timeout=10_000)
+            except PlaywrightTimeout:
+                pass
+            page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']",
+                                   timeout=60_000)
+            page.get_by_role("menuitem", name="Run", exact=True).click()
+            page.get_by_text("Run All Cells", exact=True).click()
+            _wait_for_text(page, DONE, 240)
+            try:
+                page.wait_for_function(
+                    f"document.querySelectorAll('.js-plotly-plot .main-svg').length >= "
+                    f"{EXPECTED_PLOTS}", timeout=30_000)
+            finally:
+                page.screenshot(path=str(SHOTS / "notebook-end.png"))
+            page.wait_for_timeout(500)  # let the last plot finish its transition
+            text = page.inner_text(".jp-Notebook")
+            plots = page.locator(".js-plotly-plot")
+            n_plots = plots.count()
+            for i in range(n_plots):
+                plots.nth(i).scroll_into_view_if_needed()
+                plots.nth(i).screenshot(path=str(SHOTS / f"plot-{i}.png"))
+            page.screenshot(path=str(SHOTS / "notebook.png"))
+        finally:
+            browser.close()
+    errors = [e for e in WIDGET_ERRORS if e in text]
+    assert not errors, f"widget errors on the page: {errors}\n{text[-3000:]}"
+    assert n_plots >= EXPECTED_PLOTS
+    assert "world of 2 ranks" in text  # the world really started
+    for needle in ("route", "rank 0", "GB/s", "comm/compute"):
+        assert needle in text, needle

@@ -1,0 +1,166 @@
+"""Widget data models and the %topology / %linkbench magics, without a browser."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from IPython.core.error import UsageError
+
+from commlab import topology as T
+from commlab.topology._bench_result import LinkBenchResult
+from commlab.widgets import (
+    LinkBenchView,
+    Pump,
+    TimelineModel,
+    TopologyExplorer,
+    TopologyGraph,
+    show_timeline,
+)
+from commlab.widgets._linkbench import curves, heatmap_data
+
+
+def _result(w=3):
+    """A linkbench result as ranks would report it: reader i from source j at 10(i+1)+j."""
+    rows = [{"rank": i, "world_size": w, "backend": "cpu", "device": "test",
+             "sizes": [4096, 65536], "methods": ["triton", "memcpy"],
+             "gbps": {m: [[(10 * (i + 1) + j) * (s + 1) * (k + 1) for j in range(w)]
+                          for s in range(2)] for k, m in enumerate(["triton", "memcpy"])}}
+            for i in range(w)]
+    return LinkBenchResult.from_rows(list(reversed(rows)))
+
+
+def test_linkbench_result_assembles_rows_into_reader_by_source_matrices():
+    r = _result()
+    assert r.matrix("triton", 4096) == [[10, 11, 12], [20, 21, 22], [30, 31, 32]]
+    assert r.curve(1, 2, "memcpy") == [44, 88]
+    # CPU: a shm link's peak is the reader's own local copy bandwidth (diagonal, memcpy)
+    assert r.peak[2] == [2 * 2 * 32] * 3
+    pct = r.percent_of_peak("memcpy")
+    assert pct[2][2] == pytest.approx(100.0)
+    with pytest.raises(ValueError, match="measured sizes: 4 KiB, 64 KiB"):
+        r.matrix("triton", 1 << 20)
+
+
+def test_linkbench_result_round_trips_through_json(tmp_path):
+    r = _result(2)
+    assert LinkBenchResult.load(r.save(tmp_path / "lb.json")) == r
+
+
+def test_linkbench_view_shows_gbps_and_percent_of_peak_per_cell():
+    r = _result(2)
+    d = heatmap_data(r, "memcpy", 65536)
+    assert d["z"] == [[40, 44], [80, 84]]
+    assert d["text"][0][1] == "44 GB/s<br>110% of peak"
+    assert len(curves(r, "triton")) == 4
+    v = LinkBenchView(r)
+    v.method.value, v.size.value = "memcpy", 4096
+    assert [list(row) for row in v.heatmap.data[0].z] == [[20, 22], [40, 42]]
+    assert len([t for t in v.curve.data if t.name.startswith("peak")]) == 2
+
+
+def test_topology_graph_highlights_the_route_and_paints_live_rates():
+    g = TopologyGraph(T.sample("4xpcie"))
+    drawn = {e.key for e in g.edges}
+    assert ("gpu0", "gpu1") in drawn and ("gpu0", "nic0") not in drawn  # NODE: matrix only
+    g.set_route("ring")
+    styles = {e.key: g.edge_style(e) for e in g.edges}
+    assert styles[("gpu1", "gpu2")][0] == "#ff7f0e"  # ring crosses the SYS pair
+    assert styles[("gpu0", "gpu2")][0] == "#dddddd"  # not on the ring
+    g.set_rates({("gpu0", "gpu1"): 31.508})
+    color, width, label = g.edge_style(next(e for e in g.edges if e.key == ("gpu0", "gpu1")))
+    assert label == "PIX 31.5 GB/s" and width == pytest.approx(10.0)
+
+
+def test_clicking_a_link_shows_its_per_link_detail():
+    x = TopologyExplorer(T.sample("2xh200-nv18"))
+    k = next(i for i, e in enumerate(x.model.edges) if e.key == ("gpu0", "gpu1"))
+    x.select_edge(k)
+    assert "18 of 18" in x.detail.value and x.detail.value.count("<td>up</td>") == 18
+    assert "NV18" in x.matrix.value
+    x.route_picker.value = "all_to_all"
+    assert x.figure.data[k].line.color == "#ff7f0e"
+
+
+def test_timeline_puts_tile_spans_in_sub_lanes_under_their_rank():
+    spans = [{"name": "gemm", "kind": "compute", "rank": 1, "start_us": 0, "end_us": 9},
+             {"name": "t", "kind": "copy", "rank": 0, "start_us": 0, "end_us": 2,
+              "lane": "sm 12"},
+             {"name": "t", "kind": "wait", "rank": 0, "start_us": 0, "end_us": 2,
+              "lane": "sm 2"},
+             {"name": "ar", "kind": "comm", "rank": 0, "start_us": 1, "end_us": 5,
+              "lane": "stream"}]
+    m = TimelineModel(spans)
+    assert m.lanes() == ["rank 0", "rank 0 · sm 2", "rank 0 · sm 12", "rank 1"]
+    assert set(m.bars()) == {"compute", "copy", "wait", "comm"}
+    with pytest.raises(ValueError, match="has no 'rank'"):
+        TimelineModel([{"name": "x", "kind": "comm", "start_us": 0, "end_us": 1}])
+
+
+def test_timeline_warning_follows_the_threshold_the_user_sets():
+    spans = [{"name": "gemm", "kind": "compute", "rank": 0, "start_us": 0, "end_us": 10},
+             {"name": "ar", "kind": "comm", "rank": 0, "start_us": 10, "end_us": 30}]
+    v = show_timeline(spans, threshold=1.0)
+    assert "communication-heavy" in v.warning.value
+    v.threshold.value = 3.0
+    assert v.warning.value == ""
+    assert "200%" not in v.metrics.value and "<td>20.0</td>" in v.metrics.value
+
+
+def test_pump_batches_updates_to_about_ten_per_second():
+    p = Pump(max_rate=10)
+    seen = []
+    t0 = time.monotonic()
+    for i in range(300):
+        p.submit("view", lambda i=i: seen.append(i))
+        time.sleep(0.002)
+    elapsed = time.monotonic() - t0
+    deadline = time.monotonic() + 2
+    while (not seen or seen[-1] != 299) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    p.stop()
+    assert seen[-1] == 299  # the latest update always lands
+    assert len(seen) <= elapsed * 10 + 3, (len(seen), elapsed)
+    assert threading.active_count() < 50
+
+
+@pytest.fixture
+def ip():
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from commlab.magics import observe
+
+    shell = InteractiveShell.instance()
+    observe.register(shell)  # what %load_ext commlab does for these magics
+    return shell
+
+
+def test_topology_magic_shows_samples_files_and_text(ip, tmp_path, capsys):
+    x = ip.run_line_magic("topology", "--sample 8xh100-nvswitch --route ring")
+    assert isinstance(x, TopologyExplorer) and x.model.route_name == "ring"
+    path = tmp_path / "t.json"
+    ip.run_line_magic("topology", f"--sample 4xpcie --save {path} --text")
+    out = capsys.readouterr().out
+    assert "GPU0   X      PIX" in out and f"saved {path}" in out
+    y = ip.run_line_magic("topology", f"--load {path}")
+    assert y.model.topology.name == "4-GPU PCIe box (no NVLink)"
+
+
+def test_observe_magics_report_misuse_without_a_traceback(ip, tmp_path):
+    with pytest.raises(UsageError, match="choose one of"):
+        ip.run_line_magic("topology", "--sample nope")
+    with pytest.raises(UsageError, match="record one with"):
+        ip.run_line_magic("topology", f"--load {tmp_path}/nothing.json")
+    with pytest.raises(UsageError, match="no world is running"):
+        ip.run_line_magic("linkbench", "")
+    with pytest.raises(UsageError, match="multiple of 16"):
+        ip.run_line_magic("linkbench", "--sizes 5 -n 2")
+    with pytest.raises(UsageError, match="needs NVIDIA GPUs"):
+        ip.run_line_magic("topology", "--sample 2xh200-nv18 --live")
+
+
+def test_linkbench_magic_shows_a_saved_result(ip, tmp_path):
+    path = _result(2).save(tmp_path / "lb.json")
+    v = ip.run_line_magic("linkbench", f"--load {path}")
+    assert isinstance(v, LinkBenchView) and v.result.world_size == 2
