@@ -33,9 +33,11 @@ class World:
 
 # The TCPStore outlives finalize(): rank 0's store serves MASTER_PORT, so a second
 # init() in the same processes must reuse it (a new server would find the port taken).
-# Each bootstrap uses fresh keys under its own generation (every rank counts the same).
+# Each bootstrap on a store uses fresh keys under its own generation: every rank of a
+# world counts the bootstraps *on that store* the same way, also a world that mixes
+# surviving processes with fresh ones on a new MASTER_PORT (the notebook's resize).
 _STORES: dict[tuple[str, int], dist.Store] = {}
-_generation = 0
+_GENERATIONS: dict[object, int] = {}
 
 
 def _env_int(name: str) -> int | None:
@@ -60,6 +62,7 @@ def bootstrap(backend: str, timeout_s: float) -> World:
     if rank is None or world_size is None:
         rank, world_size, local_rank = 0, 1, 0
         store: dist.Store = dist.HashStore()
+        key = None  # a private store: generations start again
     else:
         local_rank = _env_int("LOCAL_RANK")
         local_rank = rank if local_rank is None else local_rank
@@ -78,9 +81,8 @@ def bootstrap(backend: str, timeout_s: float) -> World:
                                          is_master=(rank == 0 and not agent_store),
                                          timeout=timeout)
         store = _STORES[key]
-    global _generation
-    _generation += 1
-    store = dist.PrefixStore(f"commlab/{_generation}", store)
+    _GENERATIONS[key] = generation = _GENERATIONS.get(key, 0) + 1 if key else 1
+    store = dist.PrefixStore(f"commlab/{generation}", store)
 
     chosen = _agree_backend(store, rank, world_size, local_rank, backend)
     if chosen == "cuda":

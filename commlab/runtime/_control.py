@@ -42,7 +42,7 @@ class Signature:
         return raw[:_SIG_MAX]
 
     @staticmethod
-    def decode(raw: bytes) -> "Signature":
+    def decode(raw: bytes) -> Signature:
         op, error, rest = raw.decode(errors="replace").split("\x1f", 2)
         fields = dict(kv.split("=", 1) for kv in rest.split("\x1e") if "=" in kv)
         return Signature(op, fields, error)

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import bisect
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 

@@ -1,0 +1,261 @@
+"""Overlapped all-gather+GEMM and GEMM+reduce-scatter on GPUs: check, then time side by side.
+
+    torchrun --nproc-per-node 2 bench/gpu_overlap.py --out bench/results
+
+1. Correctness: commlab.ag_gemm / gemm_rs (fused) against NCCL + torch.matmul on fresh
+   random data, bf16 and fp16, shapes that are not multiples of the tiles.
+2. Timing (bf16, Llama-3 8B/70B tensor-parallel MLP projections, M in 512..16384), every
+   impl in the same run: "sequential" (NCCL, then torch.matmul / the reverse),
+   "commlab:fused" (forced), "commlab:auto" (the dispatch rule), "torch_symm_mem:fused"
+   (torch.ops.symm_mem.fused_all_gather_matmul / fused_matmul_reduce_scatter),
+   "comm_only" (the NCCL collective alone) and "gemm_only" (torch.matmul alone).
+   Each: warm-up, then the median of per-call CUDA-event times over back-to-back calls
+   queued behind a device sleep (so the events bracket device time, not the host's
+   Python), the slowest rank's median recorded with mode "queued"; --eager times plain
+   back-to-back calls instead (mode "eager": host overhead included).
+
+   hidden = (sequential - fused) / comm_only: the share of the communication the overlap
+   hid (1.0 = all of it; the target is >= 0.8 at M >= 2048).
+3. One traced call per op (tile timeline) saved for notebooks/05-overlap.ipynb.
+
+Writes DIR/overlap-<machine>-w<W>.json (records) and DIR/overlap-trace-<machine>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+import commlab  # noqa: E402
+from commlab.bench._records import device_name, git_commit, machine_tag  # noqa: E402
+
+# Llama-3 tensor-parallel MLP projections at W=2 (DESIGN.md): (K, N) of the local GEMM
+SHAPES = {
+    "ag_gemm": {"8B": (4096, 14336), "70B": (8192, 28672)},
+    "gemm_rs": {"8B": (7168, 4096), "70B": (14336, 8192)},
+}
+MS = (512, 2048, 8192, 16384)
+SLEEP_CYCLES = 80_000_000
+
+
+def log(comm, *a):
+    if comm.rank == 0:
+        print(*a, flush=True)
+
+
+# --- the implementations, each a () -> tensor closure over fresh inputs -------------
+
+
+def make_impls(comm, op: str, m: int, k: int, n: int, dtype=torch.bfloat16) -> dict:
+    dev, w = comm.device, comm.world_size
+    g = torch.Generator(device=dev).manual_seed(17 + comm.rank)
+    group_name = comm.group.group_name
+    if op == "ag_gemm":
+        a = torch.randn(m // w, k, device=dev, generator=g).to(dtype)
+        b = (torch.randn(k, n, device=dev, generator=g) / k**0.5).to(dtype)
+        full = torch.empty(m, k, device=dev, dtype=dtype)
+        impls = {
+            "sequential": lambda: (dist.all_gather_into_tensor(full, a, group=comm.group),
+                                   full @ b)[1],
+            "commlab:fused": lambda: commlab.ag_gemm(a, b, algorithm="fused"),
+            "commlab:auto": lambda: commlab.ag_gemm(a, b),
+            "comm_only": lambda: dist.all_gather_into_tensor(full, a, group=comm.group),
+            "gemm_only": lambda: full @ b,
+        }
+        if hasattr(torch.ops.symm_mem, "fused_all_gather_matmul"):
+            impls["torch_symm_mem:fused"] = lambda: torch.ops.symm_mem.fused_all_gather_matmul(
+                a, [b], 0, group_name, return_A=False)[1][0]
+    else:
+        a = torch.randn(m, k, device=dev, generator=g).to(dtype)
+        b = (torch.randn(k, n, device=dev, generator=g) / k**0.5).to(dtype)
+        part = torch.empty(m, n, device=dev, dtype=dtype)
+        out = torch.empty(m // w, n, device=dev, dtype=dtype)
+        impls = {
+            "sequential": lambda: (torch.matmul(a, b, out=part),
+                                   dist.reduce_scatter_tensor(out, part, group=comm.group)),
+            "commlab:fused": lambda: commlab.gemm_rs(a, b, algorithm="fused"),
+            "commlab:auto": lambda: commlab.gemm_rs(a, b),
+            "comm_only": lambda: dist.reduce_scatter_tensor(out, part, group=comm.group),
+            "gemm_only": lambda: torch.matmul(a, b, out=part),
+        }
+        if hasattr(torch.ops.symm_mem, "fused_matmul_reduce_scatter"):
+            impls["torch_symm_mem:fused"] = lambda: torch.ops.symm_mem.fused_matmul_reduce_scatter(
+                a, b, "sum", 0, group_name)
+    return impls
+
+
+def time_us(comm, fn, warmup: int, iters: int, queued: bool = True) -> float:
+    """Median per-call device time (us) over back-to-back calls, the slowest rank's.
+
+    queued: the device first sleeps while the host enqueues every call, so each event
+    pair brackets device work only (what the GPU spends, as in a training step where the
+    host runs ahead); otherwise the host's per-call cost shows when it is the larger."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    dist.barrier(group=comm.cpu_group)
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+          for _ in range(iters)]
+    if queued:
+        torch.cuda._sleep(SLEEP_CYCLES)  # ~40 ms: longer than enqueuing every call
+    for s, e in ev:
+        s.record()
+        fn()
+        e.record()
+    torch.cuda.synchronize()
+    med = torch.tensor([statistics.median(s.elapsed_time(e) * 1e3 for s, e in ev)],
+                       device=comm.device)
+    dist.all_reduce(med, op=dist.ReduceOp.MAX, group=comm.group)
+    return float(med.item())
+
+
+# --- 1. correctness ------------------------------------------------------------------
+
+
+def check(comm) -> int:
+    dev, w = comm.device, comm.world_size
+    g = torch.Generator(device=dev).manual_seed(1000 + comm.rank)
+    fails = 0
+    cases = [(1000, 1000, 4000, 1000), (2048, 2048, 4096, 14336), (130, 136, 200, 300)]
+    for dtype, tol in ((torch.bfloat16, 1e-2), (torch.float16, 2e-3)):
+        for rows, k_ag, k_rs, n in cases:
+            for op in ("ag_gemm", "gemm_rs"):
+                for _rep in range(3):  # repeated calls cross both buffer parities
+                    if op == "ag_gemm":
+                        a = torch.randn(rows, k_ag, device=dev, generator=g).to(dtype)
+                        b = torch.randn(k_ag, n, device=dev, generator=g).to(dtype)
+                        got = commlab.ag_gemm(a, b, algorithm="fused")
+                        full = torch.empty(rows * w, k_ag, device=dev, dtype=dtype)
+                        dist.all_gather_into_tensor(full, a, group=comm.group)
+                        ref = full.float() @ b.float()
+                    else:
+                        a = torch.randn(rows * w, k_rs, device=dev, generator=g).to(dtype)
+                        b = torch.randn(k_rs, n, device=dev, generator=g).to(dtype)
+                        got = commlab.gemm_rs(a, b, algorithm="fused")
+                        part = (a.float() @ b.float()).to(dtype).float()
+                        ref = torch.empty(rows, n, device=dev)
+                        dist.reduce_scatter_tensor(ref, part, group=comm.group)
+                    scale = tol * max(1.0, ref.abs().max().item())
+                    err = (got.float() - ref).abs().max().item()
+                    if got.shape != ref.shape or not err <= scale:
+                        fails += 1
+                        print(f"[rank {comm.rank}] FAIL {op} {dtype} rows={rows} n={n}: "
+                              f"max err {err:.4g} > {scale:.4g}", flush=True)
+    t = torch.tensor([fails], device=dev)
+    dist.all_reduce(t, group=comm.group)
+    log(comm, f"correctness: {'ok' if t.item() == 0 else f'{t.item()} FAILURES'} "
+              f"({len(cases) * 2 * 2 * 3} calls per rank, bf16 + fp16, odd shapes)")
+    return int(t.item())
+
+
+# --- 2. timing -----------------------------------------------------------------------
+
+
+def bench(comm, args) -> list[dict]:
+    records, dev_name = [], device_name(comm)
+    commit = os.environ.get("COMMLAB_COMMIT") or git_commit()  # no .git on some machines
+    ms = [int(x) for x in args.m_values.split(",")]
+    models = args.models.split(",")
+    header = (f"{'op':8} {'model':5} {'M':>6} {'seq':>8} {'fused':>8} {'auto':>8} "
+              f"{'torch':>8} {'comm':>7} {'gemm':>8} {'hidden':>7} {'vs seq':>7} {'vs torch':>8}")
+    log(comm, header)
+    for op in ("ag_gemm", "gemm_rs"):
+        for model in models:
+            k, n = SHAPES[op][model]
+            for m in ms:
+                impls = make_impls(comm, op, m, k, n)
+                t = {}
+                for name, fn in impls.items():
+                    iters = args.iters if m * k * n < 2**38 else max(20, args.iters // 2)
+                    t[name] = time_us(comm, fn, args.warmup, iters, queued=not args.eager)
+                    records.append(dict(op=op, impl=name, m=m, n=n, k=k, dtype="bfloat16",
+                                        world_size=comm.world_size, time_us=round(t[name], 2),
+                                        device=dev_name, commit=commit,
+                                        mode="eager" if args.eager else "queued",
+                                        model=f"llama3-{model}"))
+                del impls
+                seq, fused, comm_t = t["sequential"], t["commlab:fused"], t["comm_only"]
+                tt = t.get("torch_symm_mem:fused", float("nan"))
+                log(comm, f"{op:8} {model:5} {m:6d} {seq:8.1f} {fused:8.1f} "
+                          f"{t['commlab:auto']:8.1f} {tt:8.1f} {comm_t:7.1f} {t['gemm_only']:8.1f} "
+                          f"{(seq - fused) / comm_t:7.0%} {fused / seq - 1:+7.1%} "
+                          f"{fused / tt - 1:+8.1%}")
+    log(comm, "hidden = (sequential - fused) / comm_only; vs seq / vs torch: fused time "
+              "relative to sequential / torch_symm_mem:fused (negative = faster)")
+    return records
+
+
+# --- 3. one traced call per op --------------------------------------------------------
+
+
+def traced(comm) -> list[dict]:
+    dev, w = comm.device, comm.world_size
+    spans = []
+    for op, (k, n) in (("ag_gemm", SHAPES["ag_gemm"]["8B"]), ("gemm_rs", SHAPES["gemm_rs"]["8B"])):
+        m = 4096
+        a = torch.randn(m // w if op == "ag_gemm" else m, k, device=dev).bfloat16()
+        b = (torch.randn(k, n, device=dev) / k**0.5).bfloat16()
+        fn = commlab.ag_gemm if op == "ag_gemm" else commlab.gemm_rs
+        fn(a, b, algorithm="fused")
+        torch.cuda.synchronize()
+        dist.barrier(group=comm.cpu_group)
+        commlab.trace.start()
+        fn(a, b, algorithm="fused")
+        got = commlab.trace.stop()
+        spans += [dict(s.to_dict(), op=op, m=m, n=n, k=k) for s in got]
+    return spans
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", default="bench/results", help="directory for the JSON files")
+    p.add_argument("--m-values", default=",".join(map(str, MS)), help="comma-separated M values")
+    p.add_argument("--models", default="8B,70B")
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--iters", type=int, default=30)
+    p.add_argument("--skip-check", action="store_true")
+    p.add_argument("--eager", action="store_true", help="time without queueing (host included)")
+    args = p.parse_args()
+    t0 = time.time()
+    comm = commlab.init(backend="cuda", heap_size="6GiB", scratch_size="256MiB")
+    torch.cuda.set_device(comm.device)
+    try:  # older torch needs this before its fused ops; newer ones enable it themselves
+        from torch.distributed._symmetric_memory import enable_symm_mem_for_group
+
+        enable_symm_mem_for_group(comm.group.group_name)
+    except Exception as e:  # the torch impl is then reported as missing, not fatal
+        log(comm, f"torch symmetric memory not enabled: {e}")
+    log(comm, f"{comm.world_size} x {device_name(comm)}, torch {torch.__version__}")
+    fails = 0 if args.skip_check else check(comm)
+    records = bench(comm, args)
+    spans = traced(comm)
+    all_spans = [None] * comm.world_size
+    dist.all_gather_object(all_spans, spans, group=comm.cpu_group)
+    if comm.rank == 0:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        tag = machine_tag(comm)
+        rec_path = out / f"overlap-{tag}-w{comm.world_size}.json"
+        rec_path.write_text(json.dumps(records, indent=1) + "\n")
+        trace_path = out / f"overlap-trace-{tag}.json"
+        trace_path.write_text(json.dumps([s for r in all_spans for s in r]) + "\n")
+        print(f"wrote {rec_path} ({len(records)} records), {trace_path}; "
+              f"{time.time() - t0:.0f} s", flush=True)
+    commlab.finalize()
+    return 1 if fails else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""Entry point of the processes a world is made of: ipyparallel's controller and engines.
+
+    python .../commlab/engine/_proc.py engine|controller [ipyparallel args...]
+
+Before handing over to ipyparallel it starts a watchdog thread: when the notebook kernel
+that launched us is gone (our parent changed, e.g. the kernel crashed or was killed), the
+process exits at once, so no engine or controller outlives the notebook.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+
+
+def _watch_parent(parent: int, period: float = 0.5) -> None:
+    while True:
+        time.sleep(period)
+        if os.getppid() != parent:  # orphaned: the kernel that owns this world is gone
+            _end_children()
+            os._exit(0)
+
+
+def _end_children() -> None:
+    """The controller runs its schedulers as child processes: end them (by pid) first."""
+    try:
+        import psutil
+
+        for child in psutil.Process().children(recursive=True):
+            try:
+                child.kill()
+            except psutil.Error:
+                pass
+    except Exception:  # never keep an orphan alive because cleanup failed
+        pass
+
+
+def start_watchdog() -> None:
+    parent = os.getppid()
+    threading.Thread(target=_watch_parent, args=(parent,), daemon=True,
+                     name="commlab-parent-watchdog").start()
+
+
+def main() -> None:
+    if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
+        sys.path.pop(0)  # run as a file: don't let our siblings shadow other modules
+    role = sys.argv[1]
+    sys.argv = [sys.argv[0]] + sys.argv[2:]
+    start_watchdog()
+    if role == "engine":
+        from ipyparallel.engine.app import main as run
+    elif role == "controller":
+        from ipyparallel.controller.app import main as run
+    else:
+        raise SystemExit(f"commlab.engine._proc: role must be 'engine' or 'controller', "
+                         f"got {role!r}")
+    run()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+"""What runs inside each engine (rank): joining the world, stack dumps, tracing, recovery.
+
+These functions are sent to the engines by the client (``commlab.engine._world``); they
+only need commlab and the standard library, never IPython's client side.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import signal
+import sys
+
+_STACK_FILE = None  # kept open: faulthandler writes to its descriptor from a signal handler
+
+
+def join(rank: int, world_size: int, port: int, backend: str, device: int,
+         relay: tuple[str, int, str] | None, stack_path: str, timeout: float) -> dict:
+    """Become ``rank`` of a world of ``world_size``: environment, stack dumps, debugger
+    hook, then ``commlab.init``. Returns what the client shows in ``%dist_status``."""
+    global _STACK_FILE
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(device),
+                      LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    if _STACK_FILE is None:
+        # O_APPEND: the client truncates the file before each dump, we always write at its end
+        _STACK_FILE = open(stack_path, "a")  # noqa: SIM115 (lives as long as the process)
+        faulthandler.register(signal.SIGUSR1, file=_STACK_FILE, all_threads=True, chain=False)
+    if relay is not None:
+        from commlab.engine import _debugger
+
+        _debugger.install(rank, *relay)
+    import commlab
+    comm = commlab.init(backend=backend, timeout=timeout)
+    _set_user_names(comm)
+    return {"rank": comm.rank, "pid": os.getpid(), "backend": comm.backend,
+            "device": str(comm.device)}
+
+
+def _set_user_names(comm) -> None:
+    """The names every cell can use without importing: commlab, torch, triton, tl, cl, comm,
+    rank, world_size."""
+    ip = _shell()
+    if ip is None:
+        return
+    import torch
+    import triton
+    import triton.language as tl
+
+    import commlab
+    import commlab.language as cl
+
+    ip.user_ns.update(commlab=commlab, torch=torch, triton=triton, tl=tl, cl=cl, comm=comm,
+                      rank=comm.rank, world_size=comm.world_size)
+
+
+def _shell():
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return None
+    return get_ipython()
+
+
+def leave() -> int:
+    """Close this rank's communicator (before a resize re-joins with a new world)."""
+    import commlab
+
+    commlab.finalize()
+    return os.getpid()
+
+
+def recover() -> None:
+    """All ranks call this after an interrupted collective (Ctrl-C, hang report)."""
+    import commlab
+
+    commlab.get_communicator().recover()
+
+
+def trace_start() -> None:
+    import commlab
+
+    commlab.trace.start()
+
+
+def trace_stop() -> list[dict]:
+    import commlab
+
+    spans = [s.to_dict() for s in commlab.trace.stop()]
+    rank = commlab.get_communicator().rank
+    for s in spans:
+        s.setdefault("rank", rank)
+    return spans
+
+
+def push(ns: dict) -> None:
+    _shell().user_ns.update(ns)
+
+
+def pull(name: str):
+    ns = _shell().user_ns
+    if name not in ns:
+        raise NameError(f"name {name!r} is not defined on this rank")
+    return ns[name]
+
+
+def ping() -> int:
+    return os.getpid()
+
+
+def python_version() -> str:
+    return sys.version.split()[0]

@@ -1,0 +1,430 @@
+"""A world of ranks for the notebook: ipyparallel engines, one per rank.
+
+The controller and the engines run on this machine through ipyparallel's local launcher
+(``Cluster``), spawned fresh (never forked) by ``commlab.engine._proc`` so each watches
+the notebook kernel and exits if it disappears. Control traffic is ipyparallel's
+HMAC-signed zmq messages on 127.0.0.1. Each engine joins as one rank
+(``_worker.join``: environment, ``commlab.init``), keeping its namespace across cells.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+import psutil
+
+from commlab.engine import _worker
+from commlab.engine._relay import Relay
+from commlab.engine._report import ranks_str
+from commlab.errors import CommlabUsageError
+
+_CURRENT: World | None = None
+
+
+@dataclass
+class RankInfo:
+    rank: int
+    eid: int  # ipyparallel engine id
+    pid: int
+    device: str
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class World:
+    """The running world. ``size``, ``backend``, ``ranks``; ``apply`` runs a function on
+    every rank; ``run_cell`` runs cell source (what ``%%distributed`` does)."""
+
+    def __init__(self, n: int, backend: str = "auto", devices: list[int] | None = None,
+                 timeout: float | None = None):
+        if n < 1:
+            raise CommlabUsageError(f"a world needs at least 1 rank, got -n {n}")
+        if backend not in ("auto", "cpu", "cuda"):
+            raise CommlabUsageError(f"--backend must be auto, cpu or cuda, got {backend!r}")
+        if devices is not None and len(devices) < n:
+            raise CommlabUsageError(
+                f"--devices names {len(devices)} devices ({devices}) for {n} ranks; "
+                f"name one device per rank")
+        self.requested_backend = backend
+        self.devices = devices
+        self.timeout = float(timeout if timeout is not None
+                             else os.environ.get("COMMLAB_TIMEOUT", 300))
+        self.n_wanted = n
+        self.ranks: list[RankInfo] = []
+        self.backend = "?"
+        self.cluster = self.client = self.relay = None
+        self.stack_dir = ""
+        self.broken = ""  # why the world cannot run cells (a rank died)
+        self.closed = False
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def start(self) -> World:
+        import ipyparallel as ipp
+        from traitlets.config import Config
+
+        self.relay = Relay()
+        self.stack_dir = tempfile.mkdtemp(prefix="commlab-stacks-")
+        cfg = Config()
+        # run as a file, not `-m commlab...`: the controller must not import torch
+        proc = [sys.executable, os.path.join(os.path.dirname(__file__), "_proc.py")]
+        cfg.LocalControllerLauncher.controller_cmd = proc + ["controller"]
+        cfg.LocalEngineSetLauncher.engine_cmd = proc + ["engine"]
+        cfg.LocalEngineLauncher.engine_cmd = proc + ["engine"]
+        env = {"PYTHONUNBUFFERED": "1"}
+        if self.requested_backend == "cpu":
+            env["COMMLAB_BACKEND"] = "cpu"
+        if self.requested_backend != "cuda":
+            env.setdefault("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
+        self._engine_env = env
+        self.cluster = ipp.Cluster(
+            config=cfg, n=0, controller_ip="127.0.0.1", engines=_engine_set_launcher(),
+            log_level=logging.WARNING, shutdown_atexit=True,
+        )
+        atexit.register(self.stop)
+        try:
+            self.cluster.start_controller_sync()
+            self.client = self.cluster.connect_client_sync()
+            eids = self._start_engines(self.n_wanted)
+            self._join(eids)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start_engines(self, k: int) -> list[int]:
+        known = set(self.client.ids)
+        # no nanny process: we signal engines by pid ourselves, and it is one process less
+        self.cluster.start_engines_sync(n=k, environment=dict(self._engine_env),
+                                        engine_args=["--IPEngine.enable_nanny=False"])
+        deadline = time.monotonic() + 120
+        while len(set(self.client.ids) - known) < k:  # ids of dead engines may vanish meanwhile
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{k} new engines did not register within 120 s")
+            time.sleep(0.05)
+        return sorted(set(self.client.ids) - known)[:k]
+
+    def _join(self, eids: list[int]) -> None:
+        """Make engines ``eids`` ranks 0..len-1 of a fresh communicator."""
+        n = len(eids)
+        port = _free_port()
+        ars = []
+        for r, eid in enumerate(eids):
+            dev = self.devices[r] if self.devices else r
+            ars.append(self.client[eid].apply_async(
+                _worker.join, r, n, port, self.requested_backend, dev, self.relay.address,
+                os.path.join(self.stack_dir, f"engine-{eid}.txt"), self.timeout))
+        from commlab.engine._wait import wait_all
+
+        infos = wait_all(self, ars, what="joining the world", limit=180)
+        self.ranks = [RankInfo(i["rank"], eid, i["pid"], i["device"])
+                      for i, eid in zip(infos, eids, strict=True)]
+        self.backend = infos[0]["backend"]
+        self.broken = ""
+
+    def stop(self) -> None:
+        """End every process of this world (engines, controller) and its files."""
+        global _CURRENT
+        if self.closed:
+            return
+        self.closed = True
+        pids = [ri.pid for ri in self.ranks] + self._launcher_pids()
+        if self.client is not None and self.ranks and not self.broken:
+            try:  # close the communicators first: engines then exit promptly
+                from commlab.engine._wait import wait_all
+
+                wait_all(self, [self.client[ri.eid].apply_async(_worker.leave)
+                                for ri in self.ranks], what="leaving the world", limit=10)
+            except Exception:
+                pass
+        # ipyparallel's engines take seconds to stop on SIGTERM; their state is already
+        # closed (and the heap's shm unlinked at init), so end them by pid at once
+        _end_pids([ri.pid for ri in self.ranks], grace=0.0)
+        if self.cluster is not None:
+            try:
+                self.cluster.stop_cluster_sync()
+            except Exception:  # a broken engine must not stop the rest of the cleanup
+                pass
+        if self.client is not None:
+            try:
+                self.client.close()
+            except Exception:
+                pass
+        _end_pids(pids)
+        if self.relay is not None:
+            self.relay.close()
+        if self.stack_dir:
+            shutil.rmtree(self.stack_dir, ignore_errors=True)
+        try:
+            atexit.unregister(self.stop)
+        except Exception:
+            pass
+        if _CURRENT is self:
+            _CURRENT = None
+
+    def _launcher_pids(self) -> list[int]:
+        """The controller, its scheduler processes, and every engine we launched."""
+        pids = []
+        if self.cluster is None:
+            return pids
+        ctl = getattr(self.cluster.controller, "pid", None) if self.cluster.controller else None
+        if ctl:
+            pids.append(ctl)
+            try:
+                pids += [c.pid for c in psutil.Process(ctl).children(recursive=True)]
+            except psutil.Error:
+                pass
+        for es in self.cluster.engines.values():
+            pids += [el.pid for el in getattr(es, "launchers", {}).values() if el.pid]
+        return pids
+
+    def resize(self, n: int) -> None:
+        """Grow or shrink to ``n`` ranks: survivors keep their namespaces, re-join with the
+        new size (communicator and heap rebuilt); new engines start for growth."""
+        if n < 1:
+            raise CommlabUsageError(f"%dist_resize: the world needs at least 1 rank, got {n}")
+        if self.devices is not None and n > len(self.devices):
+            raise CommlabUsageError(
+                f"%dist_resize {n}: only {len(self.devices)} devices were given with "
+                f"--devices {self.devices}; restart with more devices")
+        self.check_usable()
+        keep = self.ranks[:n]
+        self._rebuild(keep, drop=self.ranks[n:], add=max(0, n - self.size))
+
+    def _rebuild(self, keep: list[RankInfo], drop: list[RankInfo], add: int) -> None:
+        from commlab.engine._wait import wait_all
+
+        if keep:
+            wait_all(self, [self.client[ri.eid].apply_async(_worker.leave) for ri in keep],
+                     what="leaving the old world", limit=60)
+        self._drop(drop)
+        new = self._start_engines(add) if add else []
+        self._join([ri.eid for ri in keep] + new)
+
+    def _drop(self, ranks: list[RankInfo]) -> None:
+        if not ranks:
+            return
+        try:
+            self.client.shutdown(targets=[ri.eid for ri in ranks], block=False)
+        except Exception:
+            pass
+        _end_pids([ri.pid for ri in ranks], grace=3.0)
+
+    def replace(self, stuck: list[int]) -> None:
+        """Kill ranks ``stuck`` (by pid) and start fresh engines in their place; every
+        rank re-joins a new communicator (the replaced ranks' namespaces are lost)."""
+        by_rank = {ri.rank: ri for ri in self.ranks}
+        _end_pids([by_rank[r].pid for r in stuck], grace=0.0)
+        survivors = [ri for ri in self.ranks if ri.rank not in stuck]
+        from commlab.engine._wait import wait_all
+
+        if survivors:
+            wait_all(self, [self.client[ri.eid].apply_async(_worker.leave)
+                            for ri in survivors], what="leaving the old world", limit=60)
+        new = self._start_engines(len(stuck))
+        order, it = [], iter(new)
+        for r in range(self.size):  # replaced ranks keep their rank numbers
+            order.append(next(it) if r in stuck else by_rank[r].eid)
+        self._join(order)
+
+    # -- running --------------------------------------------------------------------------
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+    def check_usable(self) -> None:
+        if self.closed:
+            raise CommlabUsageError("this world was stopped: run %dist_start -n N")
+        if self.broken:
+            raise CommlabUsageError(f"{self.broken}; run %dist_restart to start it again")
+
+    def targets(self, ranks: list[int] | None) -> list[RankInfo]:
+        if ranks is None:
+            return list(self.ranks)
+        bad = [r for r in ranks if not 0 <= r < self.size]
+        if bad:
+            raise CommlabUsageError(
+                f"--ranks {','.join(map(str, ranks))}: {ranks_str(bad)} not in this world "
+                f"of {self.size} (ranks 0-{self.size - 1})")
+        return [self.ranks[r] for r in ranks]
+
+    def apply(self, fn, *args, **kwargs) -> list:
+        """Run ``fn(*args, **kwargs)`` on every rank; results in rank order. Blocks; raises
+        a grouped ``DistributedError`` if any rank fails."""
+        from commlab.engine._wait import CellRun
+
+        self.check_usable()
+        eids = [ri.eid for ri in self.ranks]
+        ar = self.client.direct_view(eids).apply_async(fn, *args, **kwargs)
+        return CellRun(self, ar, self.ranks).wait()
+
+    def run_cell(self, code: str, ranks: list[int] | None = None, timeout: float | None = None,
+                 grace: float | None = None, trace: bool = False) -> None:
+        """Run cell source on ``ranks`` through each engine's IPython shell (so the source
+        is registered in linecache: ``@triton.jit`` works on functions defined in it)."""
+        from commlab.engine._wait import CellRun
+
+        self.check_usable()
+        infos = self.targets(ranks)
+        view = self.client.direct_view([ri.eid for ri in infos])
+        if trace:
+            view.apply_sync(_worker.trace_start)
+        ar = view.execute(code, silent=False, block=False)
+        CellRun(self, ar, infos, timeout=timeout, grace=grace, code=code).wait()
+        if trace:
+            from commlab.engine._trace import show
+
+            show([s for spans in view.apply_sync(_worker.trace_stop) for s in spans])
+
+    def signal(self, ranks: list[int], sig: int) -> None:
+        """Send ``sig`` to the engines of ``ranks``, by pid (our own child processes)."""
+        for ri in self.ranks:
+            if ri.rank in ranks:
+                try:
+                    os.kill(ri.pid, sig)
+                except ProcessLookupError:
+                    pass
+
+    def dump_stacks(self, ranks: list[int]) -> dict[int, str]:
+        """Each rank's Python stack (all threads), via faulthandler on SIGUSR1: works even
+        when the rank is blocked in C."""
+        paths = {}
+        for ri in self.ranks:
+            if ri.rank in ranks:
+                paths[ri.rank] = os.path.join(self.stack_dir, f"engine-{ri.eid}.txt")
+                with open(paths[ri.rank], "w"):
+                    pass
+        self.signal(ranks, signal.SIGUSR1)
+        out: dict[int, str] = {}
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline and len(out) < len(paths):
+            time.sleep(0.05)
+            for r, p in paths.items():
+                text = open(p).read()
+                if r not in out and text.count("File ") and _settled(p, text):
+                    out[r] = text
+        for r, p in paths.items():
+            out.setdefault(r, open(p).read())
+        return out
+
+    def exit_code(self, pid: int) -> int | None:
+        """The exit status of a dead engine (negative: killed by that signal)."""
+        deadline = time.monotonic() + 2.0  # the launcher's thread reaps it
+        while True:
+            for el in self._engine_launchers():
+                proc = el.process
+                if el.pid == pid and getattr(proc, "exit_code", None) is not None:
+                    return proc.exit_code
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.05)
+
+    def _engine_launchers(self) -> list:
+        return [el for es in (self.cluster.engines.values() if self.cluster else [])
+                for el in getattr(es, "launchers", {}).values()]
+
+    def status(self) -> str:
+        lines = [f"world of {self.size} ranks, backend {self.backend}"
+                 + (f"  [BROKEN: {self.broken}]" if self.broken else "")]
+        for ri in self.ranks:
+            alive = _alive(ri.pid)
+            busy = bool(self.client.queue_status(targets=ri.eid).get("queue", 0)) if alive \
+                else False
+            mem = psutil.Process(ri.pid).memory_info().rss / 2**20 if alive else 0
+            lines.append(f"  rank {ri.rank}: engine {ri.eid}, pid {ri.pid}, {ri.device}, "
+                         f"{'alive' if alive else 'DEAD'}{', busy' if busy else ''}, "
+                         f"{mem:.0f} MiB")
+        return "\n".join(lines)
+
+
+class _RecordingProcess(psutil.Process):
+    """A psutil.Process that remembers the exit status ``wait`` returned (ipyparallel's
+    reaper thread calls it; its own record only reaches a loop we do not run)."""
+
+    exit_code: int | None = None
+
+    def wait(self, timeout=None):
+        code = super().wait(timeout)
+        self.exit_code = code
+        return code
+
+
+def _engine_set_launcher():
+    """ipyparallel's local engine-set launcher whose reaper keeps each exit status."""
+    from ipyparallel.cluster.launcher import LocalEngineLauncher, LocalEngineSetLauncher
+
+    class EngineLauncher(LocalEngineLauncher):
+        def _start_waiting(self):
+            self.process = _RecordingProcess(self.pid)
+            super()._start_waiting()
+
+    class EngineSetLauncher(LocalEngineSetLauncher):
+        launcher_class = EngineLauncher
+
+    return EngineSetLauncher
+
+
+def _settled(path: str, text: str) -> bool:
+    time.sleep(0.05)
+    return open(path).read() == text
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _end_pids(pids: list[int], grace: float = 3.0) -> None:
+    """SIGTERM, then SIGKILL after ``grace`` s, each pid of ours that is still alive."""
+    live = [p for p in set(pids) if p and _alive(p)]
+    for p in live:
+        try:
+            os.kill(p, signal.SIGTERM if grace else signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + grace
+    while live and time.monotonic() < deadline:
+        live = [p for p in live if _alive(p)]
+        time.sleep(0.05)
+    for p in live:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + 5
+    while live and time.monotonic() < deadline:
+        live = [p for p in live if _alive(p)]
+        time.sleep(0.05)
+
+
+def current_world() -> World:
+    """The running world; raises a clear error when there is none."""
+    if _CURRENT is None or _CURRENT.closed:
+        raise CommlabUsageError("no world: run %dist_start -n N first")
+    return _CURRENT
+
+
+def start_world(n: int, backend: str = "auto", devices: list[int] | None = None,
+                timeout: float | None = None) -> World:
+    """Start a world of ``n`` ranks (stopping the current one) and make it current."""
+    global _CURRENT
+    if _CURRENT is not None:
+        _CURRENT.stop()
+    w = World(n, backend, devices, timeout).start()
+    _CURRENT = w
+    return w

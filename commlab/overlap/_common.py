@@ -1,0 +1,241 @@
+"""Host side shared by ag_gemm and gemm_rs: argument rules, tile configs, the per-shape
+symmetric buffers with their epoch counters, peer views for the copy engine, and the
+decoding of tile timestamps into trace spans."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import torch
+
+from commlab.collectives._common import dtype_name
+from commlab.runtime.communicator import Communicator
+from commlab.trace._recorder import RECORDER, Span
+
+DTYPES = (torch.bfloat16, torch.float16)
+ALGORITHMS = ("auto", "fused", "sequential")
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    BM: int
+    BN: int
+    BK: int
+    GROUP_M: int
+    num_warps: int
+    num_stages: int
+
+
+# Hopper bf16/fp16: 128x256x64 tiles, 8 warps, 3 stages (wgmma, ~200 KiB of shared
+# memory, one program per SM). CPU: small tiles so the teaching shapes have several
+# tiles per chunk and the interpreter's numpy calls stay cheap.
+GPU_TILE = TileConfig(128, 256, 64, 8, 8, 3)
+CPU_TILE = TileConfig(16, 32, 64, 4, 1, 1)
+
+
+def tile_config(comm: Communicator) -> TileConfig:
+    return CPU_TILE if comm.backend == "cpu" else GPU_TILE
+
+
+def check_gemm_args(op: str, comm: Communicator, a, b, algorithm: str,
+                    *, rows_divisible: bool) -> str:
+    """The first rule (a, b) break on this rank, or "" (the text says the fix)."""
+    for name, t in (("a", a), ("b", b)):
+        if not isinstance(t, torch.Tensor):
+            return f"{name} must be a torch.Tensor, got {type(t).__name__}"
+        if t.dim() != 2:
+            return f"{name} must be 2-D, got shape {tuple(t.shape)}; reshape it to a matrix"
+        if t.dtype not in DTYPES:
+            return (f"{name} has dtype {dtype_name(t.dtype)}; supported: bfloat16, float16 "
+                    f"(pass {name}.bfloat16())")
+        if comm.backend == "cuda" and t.device != comm.device:
+            return (f"{name} is on {t.device} but this rank's device is {comm.device}; "
+                    f"pass {name}.to(comm.device)")
+        if comm.backend == "cpu" and t.device.type != "cpu":
+            return f"{name} is on {t.device} but the backend is 'cpu'; pass {name}.cpu()"
+    if a.dtype != b.dtype:
+        return (f"a is {dtype_name(a.dtype)} but b is {dtype_name(b.dtype)}; "
+                f"pass both in one dtype")
+    if a.shape[1] != b.shape[0]:
+        return (f"a is {tuple(a.shape)} and b is {tuple(b.shape)}: a.shape[1] must equal "
+                f"b.shape[0] (the K dimension)")
+    if min(a.shape[0], a.shape[1], b.shape[1]) == 0:
+        return f"empty matrix (a {tuple(a.shape)}, b {tuple(b.shape)}); pass non-empty shapes"
+    if rows_divisible and a.shape[0] % comm.world_size:
+        return (f"a has {a.shape[0]} rows, not divisible by the world size "
+                f"({comm.world_size}); pad M to a multiple of {comm.world_size}")
+    if algorithm not in ALGORITHMS:
+        return f"algorithm must be one of {', '.join(map(repr, ALGORITHMS))}, got {algorithm!r}"
+    return ""
+
+
+@dataclass
+class Operands:
+    """What the kernels read A and B through: TMA descriptors on GPU when the rows are
+    16-byte aligned (the fast path), else plain tensors (pointers)."""
+
+    a: object
+    b: object
+    extra: object  # a second A source (ag_gemm's gathered buffer), or None
+    tma: bool
+    b_trans: bool
+
+
+_DESCRIPTORS: dict = {}  # host-side TMA descriptors by (address, shape, strides, block)
+_SMS: dict = {}
+
+
+def _tma_ok(t: torch.Tensor) -> bool:
+    return t.data_ptr() % 16 == 0 and (t.shape[-1] * t.element_size()) % 16 == 0
+
+
+def operands(comm: Communicator, cfg: TileConfig, a: torch.Tensor, b: torch.Tensor,
+             extra: torch.Tensor | None = None) -> Operands:
+    b_trans = not b.is_contiguous() and b.t().is_contiguous()
+    bb = b.t() if b_trans else b
+    use_tma = (comm.backend == "cuda" and bb.is_contiguous() and _tma_ok(a) and _tma_ok(bb)
+               and (extra is None or _tma_ok(extra)))
+    if not use_tma:
+        return Operands(a, b, extra, False, False)
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    def desc(t, block):
+        key = (t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype, tuple(block))
+        if key not in _DESCRIPTORS:
+            if len(_DESCRIPTORS) > 64:
+                _DESCRIPTORS.clear()
+            _DESCRIPTORS[key] = TensorDescriptor.from_tensor(t, block)
+        return _DESCRIPTORS[key]
+
+    b_block = [cfg.BN, cfg.BK] if b_trans else [cfg.BK, cfg.BN]
+    return Operands(desc(a, [cfg.BM, cfg.BK]), desc(bb, b_block),
+                    None if extra is None else desc(extra, [cfg.BM, cfg.BK]), True, b_trans)
+
+
+def programs(comm: Communicator, tiles: int) -> int:
+    """Persistent grid: one program per SM at most on GPU (all resident at once, so a
+    program that waits never holds back one that has not started); one per tile on CPU."""
+    if comm.backend == "cpu":
+        return tiles
+    if comm.device not in _SMS:
+        _SMS[comm.device] = torch.cuda.get_device_properties(comm.device).multi_processor_count
+    return max(1, min(tiles, _SMS[comm.device]))
+
+
+# --- per-shape symmetric buffers ---------------------------------------------------
+
+
+@dataclass
+class Buffers:
+    """Symmetric buffers of one (op, shape, dtype, tiles), allocated collectively.
+
+    ``data`` is double-buffered by call parity; ``flags`` hold epochs (call numbers),
+    so a waiter compares with ``>= epoch`` and nothing is ever reset."""
+
+    comm: Communicator
+    data: torch.Tensor  # [2, W, rows, cols]
+    flags: torch.Tensor  # int32 [W, n_flags]
+    epoch: int = 0
+    peer_views: dict = field(default_factory=dict)
+
+    def next_epoch(self) -> int:
+        self.epoch += 1
+        return self.epoch
+
+
+_CACHE: OrderedDict = OrderedDict()
+_CACHE_PER_OP = 1  # big buffers: keep the last shape of each op
+
+
+def buffers(comm: Communicator, op: str, rows: int, cols: int, dtype: torch.dtype,
+            n_flags: int) -> Buffers:
+    """The cached buffers for this shape (allocating them collectively if new).
+
+    Every rank reaches here with the same arguments (``agree`` ran first), so every
+    rank allocates, evicts and counts epochs in the same order."""
+    from commlab.collectives.barrier import barrier
+    from commlab.runtime.communicator import symmetric_empty, symmetric_zeros
+
+    if any(b.comm is not comm for b in _CACHE.values()):
+        _CACHE.clear()  # a new communicator (finalize + init): the old heap is gone
+    key = (op, rows, cols, dtype, n_flags)
+    if key in _CACHE:
+        _CACHE.move_to_end(key)
+        return _CACHE[key]
+    same_op = [k for k in _CACHE if k[0] == op]
+    if len(same_op) >= _CACHE_PER_OP:
+        comm.synchronize()
+        barrier()  # no rank's kernel still reads or writes the buffers we drop
+        for k in same_op[: len(same_op) - _CACHE_PER_OP + 1]:
+            del _CACHE[k]
+    data = symmetric_empty((2, comm.world_size, rows, cols), dtype)
+    flags = symmetric_zeros((comm.world_size, n_flags), torch.int32)
+    _CACHE[key] = Buffers(comm, data, flags)
+    return _CACHE[key]
+
+
+def clear_cache() -> None:
+    """Drop cached buffers (tests and commlab.finalize() users)."""
+    _CACHE.clear()
+
+
+def peer_view(comm: Communicator, t: torch.Tensor, peer: int,
+              dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``t`` (a symmetric tensor, contiguous) as it lives on ``peer`` (CUDA only), so
+    copy-engine copies and stream writes can target the peer's memory directly."""
+    hdl = next(k for k in comm._keep if hasattr(k, "get_buffer"))
+    off = comm.heap.offset_of(t)
+    assert off is not None and off % t.element_size() == 0
+    dtype = dtype or t.dtype  # same element size (e.g. int32 flags as uint32 for stream writes)
+    return hdl.get_buffer(peer, tuple(t.shape), dtype, off // t.element_size())
+
+
+# --- tile timeline -----------------------------------------------------------------
+
+
+def trace_buffer(comm: Communicator, tiles: int) -> torch.Tensor | None:
+    """A [tiles, 5] int64 buffer when a trace is recording, else None."""
+    if not RECORDER.active:
+        return None
+    return torch.zeros((max(tiles, 1), 5), dtype=torch.int64, device=comm.device)
+
+
+class Clock:
+    """Maps a launch's tile clock (ns) onto the recorder's time axis (us)."""
+
+    def __init__(self, comm: Communicator):
+        self.comm = comm
+        self.mark = RECORDER._stamp(comm.device)  # CPU: host ns; CUDA: an event
+
+    def origin_us(self, tile_t0_ns: int) -> tuple[float, int]:
+        """(where the launch starts on the recorder's axis, the tile clock there)."""
+        if isinstance(self.mark, int):
+            return (self.mark - RECORDER._t0_ns) / 1e3, self.mark
+        torch.cuda.synchronize(self.comm.device)
+        return RECORDER._t0_event.elapsed_time(self.mark) * 1e3, tile_t0_ns
+
+
+def add_tile_spans(comm: Communicator, trace: torch.Tensor, clock: Clock, op: str,
+                   roles_of) -> None:
+    """Decode ``trace`` ([tiles, 5]: four stamps and the lane) into one Span per role.
+
+    ``roles_of(tile)`` names the roles between consecutive stamps, e.g.
+    ("wait", "compute") for a tile stamped at columns 0, 1, 2 (None: no span)."""
+    rows = trace.cpu().tolist()
+    started = [r[0] for r in rows if r[0]]
+    if not started:
+        return
+    base_us, base_ns = clock.origin_us(min(started))
+    lane_word = "program" if comm.backend == "cpu" else "sm"
+    for tile, r in enumerate(rows):
+        roles = roles_of(tile)
+        for i, role in enumerate(roles):
+            t0, t1 = r[i], r[i + 1]
+            if role is None or not (t0 and t1):
+                continue
+            RECORDER.add(Span(
+                name=f"{op}:{role}", kind=role, rank=comm.rank,
+                start_us=base_us + (t0 - base_ns) / 1e3, end_us=base_us + (t1 - base_ns) / 1e3,
+                lane=f"{lane_word} {r[4]}", meta={"op": op, "tile": tile},
+            ))

@@ -1,0 +1,251 @@
+"""%%distributed on a world of 2 CPU ranks, driven through a real InteractiveShell.
+
+One world for the module (starting one costs seconds); every test leaves it usable, and
+several check exactly that by running a collective afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+from IPython.core.error import UsageError
+
+from commlab.engine import DistributedError, HangError, current_world
+from tests.engine_helpers import cell, magic, shell
+
+ALL_REDUCE_CHECK = "print('sum', commlab.all_reduce(torch.ones(3) * (rank + 1)).tolist())"
+
+
+@pytest.fixture(scope="module")
+def ip():
+    ip = shell()
+    magic(ip, "dist_start", "-n 2 --backend cpu")
+    yield ip
+    magic(ip, "dist_stop")
+
+
+def assert_world_works(ip):
+    out = cell(ip, ALL_REDUCE_CHECK).stdout
+    grouped = "[ranks 0, 1] sum [3.0, 3.0, 3.0]" in out
+    apart = all(f"[rank {r}] sum [3.0, 3.0, 3.0]" in out for r in (0, 1))  # a loaded machine
+    assert grouped or apart, out
+
+
+def test_identical_lines_are_printed_once_with_their_ranks(ip):
+    out = cell(ip, "print('same line')\nprint(f'rank is {rank}')\nrank * 10").stdout
+    assert "[ranks 0, 1] same line" in out
+    assert "[rank 0] rank is 0" in out and "[rank 1] rank is 1" in out
+    assert "[rank 0] Out: 0" in out and "[rank 1] Out: 10" in out
+    assert out.count("same line") == 1
+
+
+def test_stderr_rich_displays_and_tqdm_bars_come_through(ip):
+    cap = cell(ip, "import sys\nfrom IPython.display import display, HTML\n"
+                   "from tqdm import tqdm\n"
+                   "print('warned', file=sys.stderr)\n"
+                   "display(HTML(f'<b>rank {rank}</b>'))\n"
+                   "for _ in tqdm(range(5), file=sys.stderr, desc='bar'):\n"
+                   "    pass\n")
+    assert "[ranks 0, 1] warned" in cap.stderr
+    assert "bar: 100%" in cap.stderr
+    html = sorted(o.data.get("text/html", "") for o in cap.outputs)
+    assert html == ["<b>rank 0</b>", "<b>rank 1</b>"]
+
+
+def test_triton_kernel_defined_in_a_cell_compiles_and_runs_on_every_rank(ip):
+    out = cell(ip, "@triton.jit\n"
+                   "def add_rank(x_ptr, r, N: tl.constexpr):\n"
+                   "    offs = tl.arange(0, N)\n"
+                   "    tl.store(x_ptr + offs, tl.load(x_ptr + offs) + r)\n"
+                   "x = torch.zeros(4)\n"
+                   "add_rank[(1,)](x, rank, 4)\n"
+                   "print(x.tolist())\n").stdout
+    assert "[rank 0] [0.0, 0.0, 0.0, 0.0]" in out and "[rank 1] [1.0, 1.0, 1.0, 1.0]" in out
+
+
+def test_failing_cell_raises_one_error_grouping_identical_tracebacks(ip):
+    with pytest.raises(DistributedError) as ei:
+        cell(ip, "a = 1\nb = 0\nif rank >= 0:\n    a / b\n")
+    e = ei.value
+    assert str(e).startswith("ZeroDivisionError on ranks 0, 1")
+    text = "\n".join(e._render_traceback_())
+    assert "line 4" in text and text.count("ZeroDivisionError on") == 1
+    with pytest.raises(DistributedError, match=r"^KeyError on rank 1"):
+        cell(ip, "if rank == 1:\n    {}['missing']\n")
+
+
+def test_collective_called_on_one_rank_is_reported_within_timeout_and_world_recovers(ip):
+    t0 = time.monotonic()
+    with pytest.raises(HangError) as ei:
+        cell(ip, "x = torch.ones(4)\nif rank == 0:\n    commlab.all_reduce(x)\n",
+             "--timeout 3")
+    elapsed = time.monotonic() - t0
+    report = ei.value.report
+    assert "--timeout 3 s passed" in report
+    assert "[rank 0] blocked in commlab.all_reduce" in report
+    assert "agreement block" in report
+    assert "cell, line 3, in <module>:  commlab.all_reduce(x)" in report
+    assert "rank 1 had finished the cell" in report
+    assert "the world recovered" in report
+    assert elapsed < 3 + 15, elapsed
+    assert_world_works(ip)
+
+
+def test_hang_is_detected_from_per_rank_completion_without_timeout(ip):
+    # rank 1 finishes at once, rank 0 waits in a barrier nobody else calls
+    t0 = time.monotonic()
+    with pytest.raises(HangError, match=r"rank 1 finished but rank 0 stayed blocked"):
+        cell(ip, "if rank == 0:\n    commlab.barrier()\n", "--grace 1")
+    assert time.monotonic() - t0 < 15
+    assert_world_works(ip)
+
+
+def test_slow_rank_that_is_computing_is_not_reported_as_hung(ip):
+    # rank 0 computes (not in a collective) for longer than the grace period
+    out = cell(ip, "import time\nif rank == 0:\n    time.sleep(2.5)\nprint('finished')\n",
+               "--grace 0.5").stdout
+    assert "[ranks 0, 1] finished" in out or ("[rank 0] finished" in out
+                                              and "[rank 1] finished" in out)
+
+
+def test_ctrl_c_reaches_every_rank_and_the_world_stays_usable(ip):
+    timer = threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt) as ei:
+        cell(ip, "import time\nfor _ in range(600):\n    time.sleep(0.1)\n")
+    assert time.monotonic() - t0 < 15
+    assert "ranks 0, 1" in str(ei.value) and "recovered" in str(ei.value)
+    assert_world_works(ip)
+
+
+def _script(monkeypatch, answers: dict[int, list[str]]):
+    import commlab.engine._wait as wait
+
+    prompts = []
+
+    def ask(prompt):
+        prompts.append(prompt)
+        rank = int(prompt.split("]")[0].split()[-1])
+        return answers[rank].pop(0)
+
+    monkeypatch.setattr(wait, "ask", ask)
+    return prompts
+
+
+def test_breakpoint_on_a_rank_opens_a_prompt_labelled_by_rank(ip, monkeypatch):
+    prompts = _script(monkeypatch, {1: ["p secret * 2", "c"]})
+    out = cell(ip, "secret = 21 + rank\nif rank == 1:\n    breakpoint()\nprint('after', secret)"
+               ).stdout
+    assert prompts == ["[rank 1] (Pdb) ", "[rank 1] (Pdb) "]
+    assert "[rank 1] 44" in out
+    assert "[rank 0] after 21" in out and "[rank 1] after 22" in out
+
+
+def test_breakpoint_inside_a_triton_kernel_on_the_cpu_backend(ip, monkeypatch):
+    prompts = _script(monkeypatch, {0: ["p int(scale)", "c"], 1: ["p int(scale)", "c"]})
+    out = cell(ip, "@triton.jit\n"
+                   "def scaled(x_ptr, scale, N: tl.constexpr):\n"
+                   "    offs = tl.arange(0, N)\n"
+                   "    breakpoint()\n"
+                   "    tl.store(x_ptr + offs, tl.load(x_ptr + offs) * scale)\n"
+                   "x = torch.ones(2)\n"
+                   "scaled[(1,)](x, rank + 3, 2)\n"
+                   "print(x.tolist())\n").stdout
+    assert sorted(prompts) == ["[rank 0] (Pdb) "] * 2 + ["[rank 1] (Pdb) "] * 2
+    assert "[rank 0] 3" in out and "[rank 1] 4" in out
+    assert "[rank 0] [3.0, 3.0]" in out and "[rank 1] [4.0, 4.0]" in out
+
+
+def test_quitting_the_debugger_ends_the_cell_on_every_rank(ip, monkeypatch):
+    _script(monkeypatch, {0: ["q"]})
+    t0 = time.monotonic()
+    cap = cell(ip, "if rank == 0:\n    breakpoint()\n    print('not reached')\n"
+                   "commlab.barrier()\nprint('not reached either')\n")
+    assert "] not reached" not in cap.stdout  # neither print ran (Pdb lists the line)
+    assert "debugger quit" in cap.stdout
+    assert time.monotonic() - t0 < 15
+    assert_world_works(ip)
+
+
+def test_push_and_pull_move_values_between_notebook_and_ranks(ip):
+    ip.user_ns["lr"] = 0.5
+    magic(ip, "dist_push", "lr")
+    cell(ip, "scaled_lr = lr * (rank + 1)")
+    assert magic(ip, "dist_pull", "scaled_lr")[0] == [0.5, 1.0]
+    assert magic(ip, "dist_pull", "scaled_lr --rank 1")[0] == 1.0
+    with pytest.raises(UsageError, match="nope not defined"):
+        magic(ip, "dist_push", "nope")
+
+
+def test_apply_returns_results_in_rank_order_and_groups_errors(ip):
+    w = current_world()
+    assert (w.size, w.backend) == (2, "cpu")
+
+    def who(offset):
+        import commlab
+
+        return commlab.get_communicator().rank + offset
+
+    assert w.apply(who, 10) == [10, 11]
+    with pytest.raises(DistributedError, match=r"^ValueError on ranks 0, 1"):
+        w.apply(lambda: int("x"))
+
+
+def test_trace_collects_spans_from_every_rank(ip):
+    cap = cell(ip, "y = commlab.all_reduce(torch.ones(8))\n", "--trace")
+    try:
+        import commlab.widgets as widgets
+
+        has_widget = hasattr(widgets, "show_timeline")
+    except ImportError:
+        has_widget = False
+    if has_widget:
+        assert cap.outputs, "the timeline widget was not displayed"
+    else:
+        assert "rank 0: all_reduce [comm]" in cap.stdout
+        assert "rank 1: all_reduce [comm]" in cap.stdout
+
+
+def test_misuse_raises_usage_errors_without_traceback(ip):
+    with pytest.raises(UsageError, match=r"--ranks 5: rank 5 not in this world of 2"):
+        cell(ip, "pass", "--ranks 5")
+    with pytest.raises(UsageError, match="invalid rank list value"):
+        cell(ip, "pass", "--ranks x")
+    with pytest.raises(UsageError, match="--timeout"):
+        cell(ip, "pass", "--timeout -1")
+
+
+def test_ranks_flag_runs_the_cell_on_those_ranks_only(ip):
+    out = cell(ip, "print('here', rank)", "--ranks 1").stdout
+    assert out.strip() == "[rank 1] here 1"
+
+
+def test_magic_help_shows_real_examples(ip):
+    doc = ip.find_line_magic("dist_start").__doc__
+    assert "%dist_start -n 4 --backend cpu" in doc and "--devices" in doc
+
+
+def test_control_traffic_is_loopback_and_authenticated(ip):
+    import json
+    import socket
+
+    w = current_world()
+    assert w.client.session.key, "ipyparallel messages must be HMAC-signed"
+    assert all("127.0.0.1" in str(url) for url in (w.client._query_socket.LAST_ENDPOINT,))
+    # the debugger relay drops a peer that does not know the token
+    before = w.relay.rejected
+    with socket.create_connection((w.relay.host, w.relay.port), timeout=5) as s:
+        f = s.makefile("rb")
+        json.loads(f.readline())  # the nonce
+        s.sendall(json.dumps({"rank": 0, "mac": "0" * 64}).encode() + b"\n")
+        assert f.readline() == b""  # closed on us
+    deadline = time.monotonic() + 5
+    while w.relay.rejected == before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert w.relay.rejected == before + 1
+    assert w.relay.host == "127.0.0.1"

@@ -1,0 +1,216 @@
+"""ag_gemm and gemm_rs on the CPU backend, against torch (gloo all-gather / reduce-scatter
+plus matmul), on worlds of 2 and 3 ranks. One world per size runs every check
+(``overlap_world`` below); each test asserts on its own section of the results."""
+
+from __future__ import annotations
+
+import secrets
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from tests.conftest import assert_checks
+from tests.worlds._checks import Checks
+
+# bf16/fp16 outputs: within a few units in the last place of the largest value
+ULPS = {torch.bfloat16: 1e-2, torch.float16: 1.5e-3}
+
+
+def _close(out, ref):
+    """out (dtype) vs an fp32 reference: relative to the reference's scale, since partial
+    sums rounded to 16 bits differ from fp32 by ulps of the *largest* value."""
+    scale = ULPS[out.dtype] * max(1.0, ref.abs().max().item())
+    torch.testing.assert_close(out.float(), ref, rtol=2 * ULPS[out.dtype], atol=scale)
+# (rows per rank, K, N): none a multiple of the CPU tiles (16 x 32 x 16)
+SHAPES = [(25, 40, 72), (7, 37, 33)]
+
+
+def _gathered(comm, a):
+    parts = [torch.empty_like(a) for _ in range(comm.world_size)]
+    dist.all_gather(parts, a, group=comm.cpu_group)
+    return torch.cat(parts)
+
+
+def _reduce_scattered(comm, full):
+    total = full.clone()
+    dist.all_reduce(total, group=comm.cpu_group)
+    rows = full.shape[0] // comm.world_size
+    return total[comm.rank * rows:(comm.rank + 1) * rows]
+
+
+def _check_numerics(comm, checks, g):
+    import commlab
+
+    # world 2 runs everything; world 3 (odd world, odd chunk order) the fused kernels on
+    # one shape per dtype, to stay inside the CI budget
+    small = comm.world_size > 2
+    for dtype in (torch.bfloat16, torch.float16):
+        for rows, k, n in SHAPES[1:] if small else SHAPES:
+            for algorithm in ("fused",) if small else ("fused", "sequential"):
+                label = f"{dtype} rows={rows} k={k} n={n} {algorithm}"
+                # every rank makes every call before any comparison can fail, so one
+                # rank's failed check never leaves the others waiting in a collective
+                calls = []
+                for _ in range(3):  # repeated calls: epochs and both buffer slots
+                    a = torch.randn(rows, k, generator=g).to(dtype)
+                    b = torch.randn(k, n, generator=g).to(dtype)
+                    out = commlab.ag_gemm(a, b, algorithm=algorithm)
+                    calls.append((out, _gathered(comm, a.float()) @ b.float()))
+                with checks.case("ag_gemm", label):
+                    for out, ref in calls:
+                        assert out.shape == (comm.world_size * rows, n) and out.dtype == dtype
+                        _close(out, ref)
+                calls = []
+                for _ in range(3):
+                    a = torch.randn(comm.world_size * rows, k, generator=g).to(dtype)
+                    b = torch.randn(k, n, generator=g).to(dtype)
+                    out = commlab.gemm_rs(a, b, algorithm=algorithm)
+                    # the reference rounds each rank's partial product to dtype, as both
+                    # "matmul then reduce-scatter" and the fused kernel's transfers do
+                    partial = (a.float() @ b.float()).to(dtype).float()
+                    calls.append((out, _reduce_scattered(comm, partial)))
+                with checks.case("gemm_rs", label):
+                    for out, ref in calls:
+                        assert out.shape == (rows, n) and out.dtype == dtype
+                        _close(out, ref)
+    with checks.case("strided_weight", "b given as a transposed view"):
+        a = torch.randn(9, 40, generator=g).bfloat16()
+        bt = torch.randn(72, 40, generator=g).bfloat16()
+        out = commlab.ag_gemm(a, bt.t())
+        a2 = torch.randn(comm.world_size * 9, 40, generator=g).bfloat16()
+        out2 = commlab.gemm_rs(a2, bt.t())
+        _close(out, _gathered(comm, a.float()) @ bt.t().float())
+        _close(out2, _reduce_scattered(comm, (a2.float() @ bt.t().float()).bfloat16().float()))
+
+
+def _check_errors(comm, checks):
+    import commlab
+    from commlab.errors import CommlabUsageError, RankMismatchError
+
+    def raises(exc, fn, *words):
+        try:
+            fn()
+        except exc as e:
+            for w in words:
+                assert w in str(e), f"{w!r} not in error: {e}"
+            return
+        raise AssertionError(f"no {exc.__name__} raised")
+
+    bf = torch.bfloat16
+    with checks.case("errors", "rows not divisible by the world size (gemm_rs)"):
+        w = comm.world_size
+        raises(CommlabUsageError, lambda: commlab.gemm_rs(torch.ones(w + 1, 8, dtype=bf),
+                                                          torch.ones(8, 8, dtype=bf)),
+               "divisible", str(w + 1))
+    with checks.case("errors", "K of a and b differ"):
+        raises(CommlabUsageError, lambda: commlab.ag_gemm(torch.ones(4, 8, dtype=bf),
+                                                          torch.ones(9, 8, dtype=bf)),
+               "a.shape[1] must equal b.shape[0]")
+    with checks.case("errors", "float32 is refused with the fix"):
+        raises(CommlabUsageError, lambda: commlab.ag_gemm(torch.ones(4, 8), torch.ones(8, 8)),
+               "float32", "bfloat16")
+    with checks.case("errors", "shapes differ across ranks"):
+        rows = 4 + comm.rank  # every rank differs
+        raises(RankMismatchError, lambda: commlab.ag_gemm(torch.ones(rows, 8, dtype=bf),
+                                                          torch.ones(8, 8, dtype=bf)))
+    with checks.case("errors", "a bad rank makes every rank raise"):
+        k = 9 if comm.rank == 1 else 8  # only rank 1 breaks the K rule
+        raises(CommlabUsageError, lambda: commlab.gemm_rs(
+            torch.ones(2 * comm.world_size, 8, dtype=bf), torch.ones(k, 8, dtype=bf)),
+               "rank 1")
+    with checks.case("errors", "the world still works after the errors"):
+        a = torch.ones(3, 8, dtype=bf)
+        out = commlab.ag_gemm(a, torch.ones(8, 5, dtype=bf))
+        assert torch.equal(out.float(), torch.full((3 * comm.world_size, 5), 8.0))
+
+
+def _check_trace(comm, checks, g):
+    import commlab
+    from commlab.trace import Span
+
+    rows, k, n = 25, 40, 72
+    commlab.trace.start()
+    commlab.ag_gemm(torch.randn(rows, k, generator=g).bfloat16(),
+                    torch.randn(k, n, generator=g).bfloat16(), algorithm="fused")
+    commlab.gemm_rs(torch.randn(comm.world_size * rows, k, generator=g).bfloat16(),
+                    torch.randn(k, n, generator=g).bfloat16(), algorithm="fused")
+    spans = commlab.trace.stop()
+    with checks.case("trace", "tile spans carry roles and program lanes"):
+        tiles = [s for s in spans if isinstance(s, Span) and "tile" in s.meta]
+        kinds = {(s.meta["op"], s.kind) for s in tiles}
+        want = {("ag_gemm", "wait"), ("ag_gemm", "compute"), ("ag_gemm", "copy"),
+                ("gemm_rs", "compute"), ("gemm_rs", "copy"), ("gemm_rs", "wait"),
+                ("gemm_rs", "reduce")}
+        assert want <= kinds, f"missing roles: {want - kinds}"
+        assert all(s.lane.startswith("program ") for s in tiles), {s.lane for s in tiles}
+        assert all(s.end_us >= s.start_us >= 0 and s.rank == comm.rank for s in tiles)
+        comm_spans = {s.name for s in spans if s.kind == "comm"}
+        assert {"ag_gemm", "gemm_rs"} <= comm_spans, comm_spans
+    with checks.case("trace", "the local chunk is computed before any wait"):
+        ag = [s for s in tiles if s.meta["op"] == "ag_gemm" and s.kind in ("wait", "compute")]
+        n_local = (max(s.meta["tile"] for s in ag) + 1) // comm.world_size
+        first_wait = min(s.start_us for s in ag if s.kind == "wait")
+        local = [s for s in ag if s.kind == "compute" and s.meta["tile"] < n_local]
+        assert len(local) == n_local and not any(
+            s.kind == "wait" and s.meta["tile"] < n_local for s in ag)
+        assert max(s.end_us for s in local) <= first_wait + 1e-3
+
+
+def overlap_world(comm, seed):
+    g = torch.Generator().manual_seed(seed + comm.rank)
+    checks = Checks(comm.rank)
+    _check_numerics(comm, checks, g)
+    _check_errors(comm, checks)
+    _check_trace(comm, checks, g)
+    return checks.result()
+
+
+@pytest.fixture(scope="module")
+def results():
+    from commlab.testing import WorldError, run_world
+
+    cache: dict[int, object] = {}
+
+    def get(world_size: int):
+        if world_size not in cache:
+            seed = secrets.randbelow(1 << 30)
+            try:
+                cache[world_size] = run_world(overlap_world, world_size, args=(seed,),
+                                              timeout=240, env={"COMMLAB_TIMEOUT": "60"})
+            except WorldError as e:
+                cache[world_size] = e
+            print(f"world {world_size}: seed={seed}")
+        if isinstance(cache[world_size], WorldError):
+            pytest.fail(str(cache[world_size]), pytrace=False)
+        return cache[world_size]
+
+    return get
+
+
+WORLDS = [2, 3]
+
+
+@pytest.mark.parametrize("world_size", WORLDS)
+def test_ag_gemm_matches_all_gather_then_matmul(results, world_size):
+    assert_checks(results(world_size), "ag_gemm")
+
+
+@pytest.mark.parametrize("world_size", WORLDS)
+def test_gemm_rs_matches_matmul_then_reduce_scatter(results, world_size):
+    assert_checks(results(world_size), "gemm_rs")
+
+
+@pytest.mark.parametrize("world_size", WORLDS)
+def test_weights_given_as_transposed_views_work(results, world_size):
+    assert_checks(results(world_size), "strided_weight")
+
+
+@pytest.mark.parametrize("world_size", WORLDS)
+def test_bad_arguments_raise_clear_errors_on_every_rank(results, world_size):
+    assert_checks(results(world_size), "errors")
+
+
+@pytest.mark.parametrize("world_size", WORLDS)
+def test_tile_timeline_records_roles_per_program(results, world_size):
+    assert_checks(results(world_size), "trace")
