@@ -9,6 +9,9 @@
 
 from __future__ import annotations
 
+import functools
+
+from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument
 
 
@@ -57,3 +60,18 @@ GRACE = argument("--grace", type=seconds, default=None, metavar="S",
                       "$COMMLAB_HANG_GRACE)")
 RANK = argument("--rank", type=int, default=None, metavar="R",
                 help="only this rank (default: every rank, as a list in rank order)")
+
+
+def usage_errors(fn):
+    """Turn commlab's usage errors into IPython's UsageError: a message, no traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*a, **kw):
+        from commlab.errors import CommlabUsageError
+
+        try:
+            return fn(*a, **kw)
+        except (CommlabUsageError, ValueError, FileNotFoundError) as e:
+            raise UsageError(str(e)) from None
+
+    return wrapper

@@ -13,11 +13,11 @@ Every implementation is checked against NCCL/gloo before it is timed (see
 
 from __future__ import annotations
 
-import functools
-
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+from commlab.magics._args import usage_errors
 
 LAST: dict = {}
 
@@ -36,17 +36,7 @@ def bench_on_rank(kwargs: dict) -> dict:
             "peak": bench.link_peak_gbps(comm), "file": bench.results_path(".", comm).name}
 
 
-def _usage(fn):
-    @functools.wraps(fn)
-    def wrapper(*a, **kw):
-        from commlab.errors import CommlabUsageError
-
-        try:
-            return fn(*a, **kw)
-        except (CommlabUsageError, ValueError, FileNotFoundError) as e:
-            raise UsageError(str(e)) from None
-
-    return wrapper
+_usage = usage_errors
 
 
 @magics_class

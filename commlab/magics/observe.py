@@ -15,13 +15,13 @@ machine and ``%linkbench -n 2`` measures on a temporary CPU world.
 from __future__ import annotations
 
 import argparse
-import functools
 import threading
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
+from commlab.magics._args import usage_errors
 from commlab.topology.routes import ROUTES
 
 LAST: dict = {}  # the last topology / linkbench result, for reuse from code
@@ -50,17 +50,7 @@ def size_list(text: str) -> list[int]:
 size_list.__name__ = "size list"
 
 
-def _usage(fn):
-    @functools.wraps(fn)
-    def wrapper(*a, **kw):
-        from commlab.errors import CommlabUsageError
-
-        try:
-            return fn(*a, **kw)
-        except (CommlabUsageError, ValueError, FileNotFoundError) as e:
-            raise UsageError(str(e)) from None
-
-    return wrapper
+_usage = usage_errors
 
 
 def _world_or_none():
