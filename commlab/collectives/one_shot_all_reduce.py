@@ -13,7 +13,7 @@ in the call in between.
     n = this program's call number;  recv = scratch[n % 2]        # [W, CAP] slots
     for each of my blocks b:   recv@peer[me][b] = x[b]           for every peer
     signal every peer (n);  wait for every peer (n)   # their pushes into our slots landed
-    for each of my blocks b:   out[b] = x[b] (op) recv[src][b]   over every src != me
+    for each of my blocks b:   out[b] = reduce in rank order (x[b] standing in for recv[me])
 """
 
 from __future__ import annotations
@@ -60,14 +60,22 @@ def one_shot_all_reduce_kernel(
     # --- every peer's push into our slots has landed (and ours into theirs)
     _sync.signal_all(ctx, n * _sync.PHASES + 1)
     _sync.wait_all(ctx, n * _sync.PHASES + 1)
-    # --- reduce locally: own values first, then each slot
+    # --- reduce locally, in rank order 0..W-1 on every rank: float addition is not
+    # associative, and every rank must end with the same bits (as with NCCL)
     for start in range(pid * BLOCK, N, nprog * BLOCK):
         offs = start + tl.arange(0, BLOCK)
         mask = offs < N
-        acc = load_acc(x_ptr + offs, mask)
-        for i in range(1, world):
-            src = (me + i) % world
-            acc = combine(acc, load_acc(recv + src.to(tl.int64) * CAP + offs, mask), OP)
+        if me == 0:
+            acc = load_acc(x_ptr + offs, mask)
+        else:
+            acc = load_acc(recv + offs, mask)  # rank 0's slot
+        for r in range(1, world):
+            if r == me:
+                v = load_acc(x_ptr + offs, mask)
+            else:
+                slot = tl.full((), r, tl.int64) * CAP  # r may be a plain int (interpreter)
+                v = load_acc(recv + slot + offs, mask)
+            acc = combine(acc, v, OP)
         tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
     _sync.end_call(ctx, n)
 
