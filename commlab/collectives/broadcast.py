@@ -1,15 +1,19 @@
 """Broadcast: every rank ends with ``src``'s tensor.
 
-Direct push from the source, after a "ready" handshake: every rank first tells every
-other that it has entered the call (so its inbox is free: the previous call's copy-out
-finished), then the source writes its input into every inbox and signals; the others
-copy their inbox out. The source's outgoing links carry (W-1)·N: about N / link
-bandwidth with two ranks.
+Direct push from the source: it writes its input into every rank's inbox and signals;
+the others copy their inbox out, slice by slice behind the source. The source's
+outgoing links carry (W-1)·N: about N / link bandwidth with two ranks.
 
-    signal/wait "ready" with every rank
-    for t in 0 .. ROUNDS-1:
-        src:    inbox@peer[slice t] = x[slice t] for every peer;  out = x;  signal (t)
-        others: wait for src (t);  out[slice t] = inbox[slice t]
+Inboxes are double-buffered by call parity and every rank acknowledges every call to
+every other (the source changes from call to call). Before writing, the source waits
+for the acknowledgements of call n-2, the last user of this half: in steady state they
+arrived long ago, so no round trip sits on the critical path.
+
+    n = call number;  inbox = scratch[n % 2]
+    src:    wait acks (n - 2) from every rank
+            for t in 0 .. ROUNDS-1:  inbox@peer[slice t] = x[slice t];  out = x;  signal (t)
+    others: for t in 0 .. ROUNDS-1:  wait for src (t);  out[slice t] = inbox[slice t]
+    every rank: acknowledge call n to every other
 """
 
 from __future__ import annotations
@@ -39,10 +43,11 @@ def broadcast_kernel(
     x_ptr,  # [N] input (read on src only)
     out_ptr,  # [N]
     # Symmetric buffers
-    scratch_ptr,  # [N] inbox
+    scratch_ptr,  # [2, CAP] inboxes
     ctx,
     # Sizes
     N,
+    CAP,
     SRC,
     # Meta-parameters
     BLOCK: tl.constexpr,
@@ -54,10 +59,10 @@ def broadcast_kernel(
     world = cl.num_ranks(ctx)
     n = _sync.begin_call(ctx)
     base = n * _sync.PHASES
-    _sync.signal_all(ctx, base + 1, 0)
-    _sync.wait_all(ctx, base + 1, 0)  # every inbox is free for this call
+    inbox = scratch_ptr + (n % 2).to(tl.int64) * CAP
     per = tl.cdiv(_sync.my_blocks(N, BLOCK), ROUNDS)
     if me == SRC:
+        _sync.wait_all(ctx, base - 2 * _sync.PHASES + 1, 0)  # call n-2 done: half is free
         for t in range(0, ROUNDS):
             for j in range(t * per, (t + 1) * per):
                 offs = (pid + j * nprog) * BLOCK + tl.arange(0, BLOCK)
@@ -65,7 +70,7 @@ def broadcast_kernel(
                 v = tl.load(x_ptr + offs, mask=mask)
                 tl.store(out_ptr + offs, v, mask=mask)
                 for i in range(1, world):
-                    tl.store(peer_ptr(scratch_ptr, (me + i) % world, ctx) + offs, v, mask=mask)
+                    tl.store(peer_ptr(inbox, (me + i) % world, ctx) + offs, v, mask=mask)
             _sync.signal_all(ctx, base + t + 1, 1)  # slice t is in every inbox
     else:
         for t in range(0, ROUNDS):
@@ -73,7 +78,8 @@ def broadcast_kernel(
             for j in range(t * per, (t + 1) * per):
                 offs = (pid + j * nprog) * BLOCK + tl.arange(0, BLOCK)
                 mask = offs < N
-                tl.store(out_ptr + offs, tl.load(scratch_ptr + offs, mask=mask), mask=mask)
+                tl.store(out_ptr + offs, tl.load(inbox + offs, mask=mask), mask=mask)
+    _sync.signal_all(ctx, base + 1, 0)  # acknowledge: we are done with call n's inboxes
     _sync.end_call(ctx, n)
 
 
@@ -104,12 +110,12 @@ def _broadcast(comm, x, out, src: int, record: list | None = None) -> None:
     flat, n = x.view(-1), x.numel()
     flat_out = out.view(-1)
     esz = x.element_size()
-    cap = comm.scratch_bytes // esz // 64 * 64
+    cap = comm.scratch_bytes // (2 * esz) // 64 * 64
     for lo in range(0, n, cap):
         hi = min(n, lo + cap)
-        scratch = comm.scratch((hi - lo) * esz, x.dtype)
+        scratch = comm.scratch(2 * cap * esz, x.dtype)
         cfg = launch_for(comm, hi - lo)
         launch(broadcast_kernel, (cfg.programs,),
-               (flat[lo:hi], flat_out[lo:hi], scratch, comm.context, hi - lo, src),
+               (flat[lo:hi], flat_out[lo:hi], scratch, comm.context, hi - lo, cap, src),
                {"BLOCK": cfg.block, "ROUNDS": rounds_for(comm, hi - lo, cfg)},
                num_warps=cfg.num_warps, backend=comm.backend, record=record)
