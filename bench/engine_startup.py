@@ -67,7 +67,7 @@ def bench_ipp(ranks: int, starts: int, cells: int, ip) -> tuple[list, list]:
 
             def run():
                 with capture_output():
-                    ip.run_cell_magic("px", "", "pass")
+                    ip.run_cell_magic("px", "--block", "pass")  # wait, as %%distributed does
 
             cell_t = _time_cells(run, cells, "%%px")
         cluster.stop_cluster_sync()
