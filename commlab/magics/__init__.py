@@ -7,23 +7,14 @@ magic machinery. The world magics live in ``commlab.magics.dist``; other modules
 
 from __future__ import annotations
 
-import importlib
-
-_EXTRA = ("commlab.magics.observe", "commlab.magics.bench")
-
 
 def load_ipython_extension(ipython) -> None:
+    from commlab.magics import bench, observe
     from commlab.magics.dist import DistMagics
 
     ipython.register_magics(DistMagics)
-    for name in _EXTRA:
-        try:
-            mod = importlib.import_module(name)
-        except ModuleNotFoundError as e:
-            if e.name == name:  # not written yet; a missing dependency inside still raises
-                continue
-            raise
-        mod.register(ipython)
+    observe.register(ipython)  # %topology, %linkbench
+    bench.register(ipython)  # %commbench
 
 
 def unload_ipython_extension(ipython) -> None:
