@@ -29,9 +29,10 @@ import triton
 import triton.language as tl
 
 from commlab import _interpret
+from commlab.runtime import heap as _heap
 
 INTERPRET = tl.constexpr(_interpret.interpreting())
-MAX_WORLD = tl.constexpr(64)  # must match commlab.runtime.heap.MAX_WORLD
+MAX_WORLD = tl.constexpr(_heap.MAX_WORLD)  # signal-pad row width, from the heap layout
 CTX_BASES = tl.constexpr(4)  # ctx[4 + r] = base of rank r's heap
 
 

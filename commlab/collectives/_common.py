@@ -12,14 +12,16 @@ import torch
 import triton
 import triton.language as tl
 
+import commlab.language as cl
 from commlab import trace
 from commlab.runtime._control import Signature
 from commlab.runtime.communicator import Communicator, get_communicator
+from commlab.runtime.heap import MAX_BARRIER_BLOCKS
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.int32)
 OPS = {"sum": 0, "max": 1, "min": 2}
 ALGORITHMS = ("auto", "one_shot", "two_shot", "ring")
-MAX_PROGRAMS = 256  # signal-pad rows and epoch slots: one per program
+MAX_PROGRAMS = MAX_BARRIER_BLOCKS  # signal-pad rows and epoch slots: one per program
 
 
 def dtype_name(d: torch.dtype) -> str:
@@ -101,7 +103,7 @@ class Launch:
     num_warps: int
 
 
-def launch_for(comm: Communicator, n: int, *, max_programs: int | None = None) -> Launch:
+def launch_for(comm: Communicator, n: int) -> Launch:
     """How many programs and how many elements each moves per step.
 
     CPU (interpreter): one program with blocks of up to 1M elements, since every op is
@@ -110,7 +112,7 @@ def launch_for(comm: Communicator, n: int, *, max_programs: int | None = None) -
     CUDA: enough programs to keep the copy engines of NVLink busy, capped by the
     signal pad's rows.
     """
-    cap = min(MAX_PROGRAMS, max_programs or MAX_PROGRAMS)
+    cap = MAX_PROGRAMS
     if comm.backend == "cpu":
         block = 1 << 20  # the interpreter's cost is per op: few, wide ops (4 MiB fp32)
         return Launch(1, min(block, max(16, triton.next_power_of_2(max(n, 1)))), 4)
@@ -146,9 +148,10 @@ def rounds_for(comm: Communicator, n: int, cfg: Launch) -> int:
     return max(1, min(8, n // (cfg.block * cfg.programs) // 4))
 
 
-def chunk_elems(comm: Communicator, elem_size: int, per_rank_parts: int = 1) -> int:
-    """Largest element count that fits the scratch ``per_rank_parts`` times over."""
-    return max(1, comm.scratch_bytes // (elem_size * per_rank_parts) // 64 * 64)
+def slot_elems(comm: Communicator, elem_size: int, slots: int) -> int:
+    """Elements per slot when the scratch is cut into ``slots`` equal slots, a multiple of
+    64 so every slot starts 16-byte aligned (what the kernels' vector accesses need)."""
+    return comm.scratch_bytes // (slots * elem_size) // 64 * 64
 
 
 # --- device helpers ---------------------------------------------------------------
@@ -178,8 +181,5 @@ def load_acc(ptr, mask):
 @triton.jit
 def peer_ptr(ptr, peer, ctx):
     """``cl.symm_at`` for a scalar base pointer, with the alignment hint the compiler
-    needs to keep 16-byte loads (heap blocks are 256-byte aligned)."""
-    from_base = tl.load(ctx + 4 + tl.load(ctx))
-    to_base = tl.load(ctx + 4 + peer)
-    p = (ptr.to(tl.pointer_type(tl.int8), bitcast=True) + (to_base - from_base)).to(ptr.dtype, bitcast=True)
-    return tl.multiple_of(p, 16)
+    needs to keep 16-byte loads (heap blocks and inbox slots are 16-byte aligned)."""
+    return tl.multiple_of(cl.symm_at(ptr, peer, ctx), 16)

@@ -13,6 +13,8 @@ documented defaults, from bench/results/2xh200-smoke.txt (2xH200, bf16):
 
 from __future__ import annotations
 
+from commlab.tuning import lookup
+
 ONE_SHOT_MAX_BYTES = 256 * 1024
 ONE_SHOT_MAX_BYTES_TWO_RANKS = 2 * 1024 * 1024
 
@@ -28,12 +30,5 @@ def default_all_reduce(world_size: int, nbytes: int, backend: str = "cuda") -> s
 
 
 def choose_all_reduce(comm, dtype, nbytes: int) -> str:
-    try:
-        from commlab.tuning import lookup
-    except ImportError:  # tuning is optional
-        lookup = None
-    if lookup is not None:
-        algo = lookup(comm, "all_reduce", dtype, nbytes)
-        if algo:
-            return algo
-    return default_all_reduce(comm.world_size, nbytes, comm.backend)
+    return lookup(comm, "all_reduce", dtype, nbytes) or default_all_reduce(
+        comm.world_size, nbytes, comm.backend)

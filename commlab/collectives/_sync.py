@@ -22,31 +22,28 @@ import triton
 import triton.language as tl
 
 import commlab.language as cl
+from commlab.runtime.heap import MAX_BARRIER_BLOCKS, MAX_WORLD
 
-SLOTS = tl.constexpr(256)
-BANK = tl.constexpr(256 * 64)
+SLOTS = tl.constexpr(MAX_BARRIER_BLOCKS)  # one call counter per program id
+WIDTH = tl.constexpr(MAX_WORLD)  # one arrival slot per source rank
+BANK = tl.constexpr(MAX_BARRIER_BLOCKS * MAX_WORLD)
 PHASES = tl.constexpr(64)
-
-
-@triton.jit
-def _flag_base(ctx):
-    return tl.load(ctx + 3).to(tl.pointer_type(tl.int32))
 
 
 @triton.jit
 def begin_call(ctx):
     """This program's call number n (>= 1) for the call that is starting."""
-    return tl.load(_flag_base(ctx) + tl.program_id(0)) + 1
+    return tl.load(cl.flags(ctx) + tl.program_id(0)) + 1
 
 
 @triton.jit
 def end_call(ctx, n):
-    tl.store(_flag_base(ctx) + tl.program_id(0), n)
+    tl.store(cl.flags(ctx) + tl.program_id(0), n)
 
 
 @triton.jit
 def _slot(ctx, src, bank):
-    return _flag_base(ctx) + SLOTS + bank * BANK + tl.program_id(0) * 64 + src
+    return cl.flags(ctx) + SLOTS + bank * BANK + tl.program_id(0) * WIDTH + src
 
 
 @triton.jit

@@ -27,6 +27,7 @@ from commlab.collectives._common import (
     launch_for,
     peer_ptr,
     rounds_for,
+    slot_elems,
     traced,
 )
 from commlab.collectives._launch import launch
@@ -122,7 +123,7 @@ def _all_gather(comm, x: torch.Tensor, out: torch.Tensor, record: list | None = 
     world = comm.world_size
     flat, n = x.view(-1), x.numel()
     esz = x.element_size()
-    cap = comm.scratch_bytes // (2 * world * esz) // 64 * 64
+    cap = slot_elems(comm, esz, 2 * world)  # two halves of W inbox slots
     for lo in range(0, n, cap):
         hi = min(n, lo + cap)
         scratch = comm.scratch(2 * world * cap * esz, x.dtype)

@@ -25,6 +25,7 @@ from commlab.collectives._common import (
     launch_for,
     peer_ptr,
     rounds_for,
+    slot_elems,
     traced,
 )
 from commlab.collectives._launch import launch
@@ -114,7 +115,7 @@ def _all_to_all(comm, x, out, record: list | None = None) -> None:
     world = comm.world_size
     c = x.numel() // world
     esz = x.element_size()
-    cap = comm.scratch_bytes // (2 * world * esz) // 64 * 64
+    cap = slot_elems(comm, esz, 2 * world)  # two halves of W inbox slots
     for lo in range(0, c, cap):
         hi = min(c, lo + cap)
         scratch = comm.scratch(2 * world * cap * esz, x.dtype)

@@ -31,6 +31,7 @@ from commlab.collectives._common import (
     launch_for,
     peer_ptr,
     rounds_for,
+    slot_elems,
     traced,
 )
 from commlab.collectives._launch import launch
@@ -110,7 +111,7 @@ def _broadcast(comm, x, out, src: int, record: list | None = None) -> None:
     flat, n = x.view(-1), x.numel()
     flat_out = out.view(-1)
     esz = x.element_size()
-    cap = comm.scratch_bytes // (2 * esz) // 64 * 64
+    cap = slot_elems(comm, esz, 2)  # two inbox halves
     for lo in range(0, n, cap):
         hi = min(n, lo + cap)
         scratch = comm.scratch(2 * cap * esz, x.dtype)

@@ -24,7 +24,7 @@ import triton.language as tl
 
 import commlab.language as cl
 from commlab.collectives import _sync
-from commlab.collectives._common import combine, launch_for, load_acc, peer_ptr
+from commlab.collectives._common import combine, launch_for, load_acc, peer_ptr, slot_elems
 from commlab.collectives._launch import launch
 
 
@@ -82,7 +82,7 @@ def one_shot_all_reduce_kernel(
 
 def one_shot_capacity(comm, elem_size: int) -> int:
     """Largest element count one launch handles (two halves of W slots in the scratch)."""
-    return comm.scratch_bytes // (2 * comm.world_size * elem_size) // 64 * 64
+    return slot_elems(comm, elem_size, 2 * comm.world_size)
 
 
 def one_shot_all_reduce(comm, flat: torch.Tensor, out: torch.Tensor, op: int,

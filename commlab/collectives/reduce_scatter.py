@@ -28,6 +28,7 @@ from commlab.collectives._common import (
     load_acc,
     peer_ptr,
     rounds_for,
+    slot_elems,
     traced,
 )
 from commlab.collectives._launch import launch
@@ -123,7 +124,7 @@ def _reduce_scatter(comm, x, out, op: int, record: list | None = None) -> None:
     world = comm.world_size
     c = x.numel() // world
     esz = x.element_size()
-    cap = comm.scratch_bytes // (2 * world * esz) // 64 * 64
+    cap = slot_elems(comm, esz, 2 * world)  # two halves of W inbox slots
     for lo in range(0, c, cap):
         hi = min(c, lo + cap)
         scratch = comm.scratch(2 * world * cap * esz, x.dtype)

@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 import commlab.language as cl
-from commlab.collectives._common import combine, launch_for, load_acc, peer_ptr
+from commlab.collectives._common import combine, launch_for, load_acc, peer_ptr, slot_elems
 
 
 @triton.jit
@@ -75,7 +75,7 @@ def ring_all_reduce(comm, flat: torch.Tensor, out: torch.Tensor, op: int,
     cl.barrier rounds dominate its latency anyway), so it never gets a launch plan."""
     n = flat.numel()
     world = comm.world_size
-    step = comm.scratch_bytes // flat.element_size() // 64 * 64
+    step = slot_elems(comm, flat.element_size(), 1)
     for lo in range(0, n, step):
         hi = min(n, lo + step)
         scratch = comm.scratch((hi - lo) * flat.element_size(), flat.dtype)

@@ -28,7 +28,14 @@ import triton.language as tl
 
 import commlab.language as cl
 from commlab.collectives import _sync
-from commlab.collectives._common import combine, launch_for, load_acc, peer_ptr, rounds_for
+from commlab.collectives._common import (
+    combine,
+    launch_for,
+    load_acc,
+    peer_ptr,
+    rounds_for,
+    slot_elems,
+)
 from commlab.collectives._launch import launch
 
 
@@ -105,7 +112,7 @@ def two_shot_all_reduce_kernel(
 def two_shot_capacity(comm, elem_size: int) -> int:
     """Largest element count one launch handles (inboxes A and B of W chunks each)."""
     w = comm.world_size
-    return comm.scratch_bytes // (2 * elem_size * w) // 64 * 64 * w
+    return slot_elems(comm, elem_size, 2 * w) * w
 
 
 def two_shot_all_reduce(comm, flat: torch.Tensor, out: torch.Tensor, op: int,

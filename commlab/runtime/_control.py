@@ -73,9 +73,7 @@ class ControlBlock:
         return max(a, b)
 
     def _read(self, rank: int, seq: int) -> Signature:
-        off = self._slot(rank, seq)
-        _, n = _HDR.unpack_from(self.buf, off)
-        return Signature.decode(bytes(self.buf[off + _HDR.size : off + _HDR.size + n]))
+        return Signature.decode(self._raw(rank, seq))
 
     def agree(self, sig: Signature, raw: bytes | None = None) -> int:
         """Publish ``sig`` (``raw``: its encoding, when the caller cached it), wait for every

@@ -74,10 +74,6 @@ class Communicator:
     def scratch_bytes(self) -> int:
         return self.heap.layout.scratch_bytes
 
-    def flags(self) -> torch.Tensor:
-        lay = self.heap.layout
-        return self.heap.region(lay.flags, FLAGS_BYTES, torch.int32)
-
     def synchronize(self) -> None:
         if self.backend == "cuda":
             torch.cuda.synchronize(self.device)

@@ -27,7 +27,11 @@ ALIGN = 256
 MAX_WORLD = 64
 MAX_BARRIER_BLOCKS = 256
 SIGNAL_PAD_BYTES = MAX_BARRIER_BLOCKS * MAX_WORLD * 4  # int32 per (block, peer)
-FLAGS_BYTES = 132 * 1024  # call counters + two banks of arrival slots (collectives/_sync.py)
+# call counters, then two banks of arrival slots [program, source rank] (collectives/_sync.py)
+FLAGS_BYTES = (MAX_BARRIER_BLOCKS + 2 * MAX_BARRIER_BLOCKS * MAX_WORLD) * 4
+
+
+assert (SIGNAL_PAD_BYTES + FLAGS_BYTES) % ALIGN == 0, "scratch must start ALIGN-aligned"
 
 
 def _round_up(n: int, a: int = ALIGN) -> int:

@@ -13,6 +13,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from commlab.topology._model import write_json
+
 SCHEMA = "commlab.linkbench/1"
 
 
@@ -89,10 +91,7 @@ class LinkBenchResult:
         return cls(**d)
 
     def save(self, path) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
-        return path
+        return write_json(path, self.to_dict())
 
     @classmethod
     def load(cls, path) -> LinkBenchResult:

@@ -18,6 +18,14 @@ EDGE_KINDS = ("nvlink", "pcie", "shm", "smp", "net")
 PCIE_CLASSES = ("X", "PIX", "PXB", "PHB", "NODE", "SYS")
 
 
+def write_json(path, data: dict) -> Path:
+    """Write ``data`` as indented JSON, creating the folder (topologies, linkbench results)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    return path
+
+
 @dataclass
 class Link:
     """One physical link of an edge (an NVLink lane group, say)."""
@@ -128,10 +136,7 @@ class Topology:
                    sources=list(d.get("sources", [])), meta=dict(d.get("meta", {})))
 
     def save(self, path) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
-        return path
+        return write_json(path, self.to_dict())
 
     @classmethod
     def load(cls, path) -> Topology:

@@ -23,7 +23,7 @@ from commlab.collectives import (
 )
 
 
-def _small_launch(comm, n, max_programs=None):
+def _small_launch(comm, n):
     return _common.Launch(3, 64, 4)
 
 
