@@ -197,6 +197,53 @@ def bench(comm, args) -> list[dict]:
     return records
 
 
+def parse_tile(text: str):
+    """"128x256x64w8s3" -> TileConfig(BM=128, BN=256, BK=64, GROUP_M=8, warps 8, stages 3)."""
+    from commlab.overlap._common import TileConfig
+
+    dims, rest = text.split("w")
+    bm, bn, bk = (int(v) for v in dims.split("x"))
+    warps, stages = (int(v) for v in rest.split("s"))
+    return TileConfig(bm, bn, bk, 8, warps, stages)
+
+
+def tile_sweep(comm, args) -> list[dict]:
+    """The fused kernels under other tile configurations (same timing as bench())."""
+    from commlab.overlap import _common as oc
+
+    default = oc.GPU_TILE
+    tiles = [default] + [parse_tile(t) for t in args.tiles.split(",") if t]
+    name = lambda c: f"{c.BM}x{c.BN}x{c.BK}w{c.num_warps}s{c.num_stages}"  # noqa: E731
+    records, commit = [], os.environ.get("COMMLAB_COMMIT") or git_commit()
+    log(comm, "tile sweep (fused us): " + "  ".join(name(c) for c in tiles))
+    for op in ("ag_gemm", "gemm_rs"):
+        fn = commlab.ag_gemm if op == "ag_gemm" else commlab.gemm_rs
+        for model in args.models.split(","):
+            k, n = SHAPES[op][model]
+            for m in (int(x) for x in args.m_values.split(",")):
+                g = torch.Generator(device=comm.device).manual_seed(5)
+                rows = m // comm.world_size if op == "ag_gemm" else m
+                a = torch.randn(rows, k, device=comm.device, generator=g).bfloat16()
+                b = (torch.randn(k, n, device=comm.device, generator=g) / k**0.5).bfloat16()
+                row = []
+                for cfg in tiles:
+                    oc.GPU_TILE = cfg
+                    try:
+                        t = time_us(comm, lambda: fn(a, b, algorithm="fused"), 3,
+                                    max(10, args.iters // 2))
+                    except Exception as e:  # e.g. out of shared memory: report, go on
+                        log(comm, f"  {name(cfg)} failed: {type(e).__name__}: {e}"[:200])
+                        t = float("nan")
+                    row.append(t)
+                    records.append(dict(op=op, impl="commlab:fused", tile=name(cfg), m=m, n=n,
+                                        k=k, dtype="bfloat16", world_size=comm.world_size,
+                                        time_us=round(t, 2), device=device_name(comm),
+                                        commit=commit, mode="queued", model=f"llama3-{model}"))
+                oc.GPU_TILE = default
+                log(comm, f"{op:8} {model:5} {m:6d} " + " ".join(f"{t:9.1f}" for t in row))
+    return records
+
+
 # --- 3. one traced call per op --------------------------------------------------------
 
 
@@ -227,6 +274,9 @@ def main() -> int:
     p.add_argument("--iters", type=int, default=30)
     p.add_argument("--skip-check", action="store_true")
     p.add_argument("--eager", action="store_true", help="time without queueing (host included)")
+    p.add_argument("--tiles", default="",
+                   help="also time the fused kernels under these tile configs, e.g. "
+                        "128x128x64w8s4,256x128x64w8s3 (written to overlap-tiles-*.json)")
     args = p.parse_args()
     t0 = time.time()
     comm = commlab.init(backend="cuda", heap_size="6GiB", scratch_size="256MiB")
@@ -240,6 +290,7 @@ def main() -> int:
     log(comm, f"{comm.world_size} x {device_name(comm)}, torch {torch.__version__}")
     fails = 0 if args.skip_check else check(comm)
     records = bench(comm, args)
+    tile_records = tile_sweep(comm, args) if args.tiles else []
     spans = traced(comm)
     all_spans = [None] * comm.world_size
     dist.all_gather_object(all_spans, spans, group=comm.cpu_group)
@@ -251,6 +302,9 @@ def main() -> int:
         rec_path.write_text(json.dumps(records, indent=1) + "\n")
         trace_path = out / f"overlap-trace-{tag}.json"
         trace_path.write_text(json.dumps([s for r in all_spans for s in r]) + "\n")
+        if tile_records:
+            (out / f"overlap-tiles-{tag}-w{comm.world_size}.json").write_text(
+                json.dumps(tile_records, indent=1) + "\n")
         print(f"wrote {rec_path} ({len(records)} records), {trace_path}; "
               f"{time.time() - t0:.0f} s", flush=True)
     commlab.finalize()

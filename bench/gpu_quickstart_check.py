@@ -71,6 +71,16 @@ def main() -> None:
         "x = torch.ones(1024, device=comm.device)\n"
         "if rank == 0:\n    commlab.all_reduce(x)\n", "--timeout 10"))
     results["hang reported"] = not hang
+    box = {}
+
+    def plain_hang():
+        try:
+            run("import time\nif rank == 0:\n    time.sleep(60)\n", "--timeout 5")
+        except Exception as e:  # the HangError is the expected outcome
+            box["report"] = str(e)
+            raise
+    step("plain-Python hang (rank 0 sleeps; its stack must show the sleep)", plain_hang)
+    results["stack of a sleeping rank"] = "time.sleep" in box.get("report", "")
     results["recovered"] = step("collective after the hang", lambda: run(
         "y = commlab.all_reduce(torch.ones(8, device=comm.device))\n"
         "torch.cuda.synchronize()\nprint('after recovery', y[:2].tolist())\n"))

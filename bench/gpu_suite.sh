@@ -20,8 +20,10 @@ NGPU=${NGPU:-2}
 RUN="$PY -m torch.distributed.run --standalone --nproc-per-node $NGPU"
 SIZES=8,64,1KiB,8KiB,64KiB,256KiB,1MiB,4MiB,16MiB,64MiB,256MiB,1GiB
 status=0
-step() {  # step NAME SECONDS CMD...: run with a time limit, keep going, remember failures
-  local name=$1 limit=$2; shift 2
+STEPS=${STEPS:-all}  # e.g. STEPS="tests bench": run only the steps whose tag is listed
+step() {  # step TAG NAME SECONDS CMD...: run with a time limit, keep going, remember failures
+  local tag=$1 name=$2 limit=$3; shift 3
+  if [ "$STEPS" != all ] && [[ " $STEPS " != *" $tag "* ]]; then echo "=== $name: skipped"; return; fi
   echo "=== $name (limit ${limit}s) $(date -u +%H:%M:%S)"
   local t0=$SECONDS
   timeout --signal=INT --kill-after=15 "$limit" "$@"
@@ -31,10 +33,10 @@ step() {  # step NAME SECONDS CMD...: run with a time limit, keep going, remembe
 }
 $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, \
 'gpus', torch.cuda.device_count(), torch.cuda.get_device_name(0))"
-step "gpu tests" 150 $PY -m pytest -m gpu -q -x -p no:cacheprovider
-step "bench eager+graph" 230 $RUN -m commlab.bench --sizes $SIZES --mode both --iters 20 \
+step tests "gpu tests" 150 $PY -m pytest -m gpu -q -p no:cacheprovider -rs tests
+step bench "bench eager+graph" 230 $RUN -m commlab.bench --sizes $SIZES --mode both --iters 20 \
   --no-progress --out bench/results
-step "tune + auto check" 100 $RUN -m commlab.tuning --check --sizes $SIZES --iters 10 \
+step tune "tune + auto check" 100 $RUN -m commlab.tuning --check --sizes $SIZES --iters 10 \
   --out bench/results
 if [ -n "${OUT:-}" ]; then  # this run's records and tuning table, flat (the tool takes 8 files)
   find bench/results -type f -newer "$STAMP" -name '*.json' -exec cp {} "$OUT/" \; -print

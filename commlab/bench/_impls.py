@@ -167,15 +167,15 @@ def _symm_ops(op: str) -> list[Impl]:
     have = lambda name: hasattr(torch.ops.symm_mem, name)  # noqa: E731
     out = []
 
-    def make(algorithm, body, in_place=False):
+    def make(algorithm, body, in_place=False, modes=("eager", "graph")):
         def prepare(comm, x):
             sym = _SymmBuffer.view(comm, x)
             sym.copy_(x)
             name = comm.group.group_name
             reset = (lambda: sym.copy_(x)) if in_place else None
             return Prepared(lambda: body(sym, name), reset)
-        out.append(Impl(f"torch_symm_mem:{algorithm}", op, prepare, backends=("cuda",),
-                        optional=True))
+        out.append(Impl(f"torch_symm_mem:{algorithm}", op, prepare, modes=modes,
+                        backends=("cuda",), optional=True))
 
     ops = torch.ops.symm_mem
     if op == "all_reduce":
@@ -183,10 +183,15 @@ def _symm_ops(op: str) -> list[Impl]:
             make("one_shot", lambda s, g: ops.one_shot_all_reduce(s, "sum", g))
         if have("two_shot_all_reduce_"):
             make("two_shot", lambda s, g: ops.two_shot_all_reduce_(s, "sum", g), in_place=True)
+    # The low-contention ops fork work onto side streams that they do not join back
+    # inside a capture (torch 2.11: "capturing stream has unjoined work"), and the failed
+    # capture leaves the caching allocator asserting at exit: time them eagerly only.
+    eager = ("eager",)
     if op == "all_gather" and have("_low_contention_all_gather"):
-        make("low_contention", lambda s, g: ops._low_contention_all_gather(s, g))
+        make("low_contention", lambda s, g: ops._low_contention_all_gather(s, g), modes=eager)
     if op == "reduce_scatter" and have("_low_contention_reduce_scatter"):
-        make("low_contention", lambda s, g: ops._low_contention_reduce_scatter(s, "sum", g))
+        make("low_contention", lambda s, g: ops._low_contention_reduce_scatter(s, "sum", g),
+             modes=eager)
     return out
 
 

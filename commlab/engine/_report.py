@@ -131,7 +131,13 @@ def describe_stack(rank: int, dump: str, cell_lines: list[str] | None = None
             where += f" (in {inner[1]}, {inner[0].split('/commlab/')[-1]})"
     out = [f"[rank {rank}] {where}; stack (most recent call last):"]
     if not frames:
-        out.append("    (no Python stack: the rank may be blocked outside Python)")
+        raw = [ln for ln in dump.strip().splitlines() if ln.strip()][:8]
+        out.append("    (no Python stack: the rank may be blocked outside Python"
+                   + ("; its dump read:" if raw else "; its stack dump came back empty)"))
+        out.extend(f"      {ln}" for ln in raw)
+        if raw:
+            out[-1] += ")"
+
     for f, ln, fn in frames:
         if _CELL_FILE.search(f):
             src = ""

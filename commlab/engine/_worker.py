@@ -25,16 +25,29 @@ def join(rank: int, world_size: int, port: int, backend: str, device: int,
     if _STACK_FILE is None:
         # O_APPEND: the client truncates the file before each dump, we always write at its end
         _STACK_FILE = open(stack_path, "a")  # noqa: SIM115 (lives as long as the process)
-        faulthandler.register(signal.SIGUSR1, file=_STACK_FILE, all_threads=True, chain=False)
+        _arm_stack_dump()
+        ip = _shell()
+        if ip is not None:  # re-armed before every cell: see _arm_stack_dump
+            ip.events.register("pre_run_cell", _arm_stack_dump)
     if relay is not None:
         from commlab.engine import _debugger
 
         _debugger.install(rank, *relay)
     import commlab
     comm = commlab.init(backend=backend, timeout=timeout)
+    _arm_stack_dump()
     _set_user_names(comm)
     return {"rank": comm.rank, "pid": os.getpid(), "backend": comm.backend,
             "device": str(comm.device)}
+
+
+def _arm_stack_dump(*_info) -> None:
+    """SIGUSR1 -> every thread's Python stack into the stack file (the hang report).
+    Armed again after ``commlab.init`` and before each cell: on a CUDA world the rank's
+    stack once came back empty (a library taking SIGUSR1 after us, we believe), and
+    re-registering is one sigaction call."""
+    if _STACK_FILE is not None:
+        faulthandler.register(signal.SIGUSR1, file=_STACK_FILE, all_threads=True, chain=False)
 
 
 def _set_user_names(comm) -> None:

@@ -1,17 +1,20 @@
 """Live NVLink traffic from NVML's per-link counters, painted on the topology's edges.
 
 ``nvmlDeviceGetFieldValues`` with NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/RX and the link
-index as scope id returns cumulative KiB per link. ``NvlinkSampler`` reads them every
-``interval`` seconds in a thread and hands ``{edge key: GB/s}`` (the busier direction)
-to a callback — typically ``TopologyExplorer.set_rates``, which batches redraws.
+index as scope id returns cumulative KiB per link. ``NvlinkSampler`` has a reader process
+(``_nvlink_reader``: NVML stays out of the notebook kernel) sample them every ``interval``
+seconds and hands ``{edge key: GB/s}`` (the busier direction) to a callback — typically
+``TopologyExplorer.set_rates``, which batches redraws.
 """
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import threading
-import time
 
-TX, RX = 138, 139  # NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX / _RX (KiB, cumulative)
+from commlab.topology._nvlink_reader import RX, TX  # noqa: F401 (re-exported)
 
 
 def link_map(topology) -> dict[tuple[int, int], tuple[str, str]]:
@@ -49,47 +52,68 @@ def rates_from_samples(prev: dict, cur: dict, dt: float, links: dict) -> dict:
 
 
 class NvlinkSampler:
-    def __init__(self, topology, callback, interval: float = 0.1):
-        import pynvml
+    """Paint live NVLink GB/s: a reader process (``_nvlink_reader``) samples NVML's
+    counters every ``interval`` seconds; a thread here turns each pair of samples into
+    ``{edge key: GB/s}`` for ``callback``. If the reader dies, ``error`` says how."""
 
-        self._nv = pynvml
-        pynvml.nvmlInit()
+    def __init__(self, topology, callback, interval: float = 0.1, source: str | None = None):
         self.links = link_map(topology)
         if not self.links:
-            pynvml.nvmlShutdown()
             raise RuntimeError("NvlinkSampler: this topology has no NVLink links with link "
                                "indices (recorded without NVML?); discover() on the GPU host")
-        self.callback, self.interval = callback, interval
-        self._handles = {g: pynvml.nvmlDeviceGetHandleByIndex(g) for g, _ in self.links}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="commlab-nvlink", daemon=True)
+        self.callback, self.interval, self._source = callback, interval, source
         self.last: dict = {}
-
-    def sample(self) -> dict:
-        out = {}
-        for g, h in self._handles.items():
-            ids = [lk for gg, lk in self.links if gg == g]
-            fields = [(f, lk) for lk in ids for f in (TX, RX)]
-            vals = self._nv.nvmlDeviceGetFieldValues(h, fields)
-            for k, lk in enumerate(ids):
-                t, r = vals[2 * k], vals[2 * k + 1]
-                if t.nvmlReturn == 0 and r.nvmlReturn == 0:
-                    out[(g, lk)] = (t.value.ullVal, r.value.ullVal)
-        return out
-
-    def _run(self) -> None:
-        prev, t_prev = self.sample(), time.monotonic()
-        while not self._stop.wait(self.interval):
-            cur, now = self.sample(), time.monotonic()
-            self.last = rates_from_samples(prev, cur, now - t_prev, self.links)
-            self.callback(self.last)
-            prev, t_prev = cur, now
+        self.error: str | None = None
+        self.samples = 0
+        self._proc: subprocess.Popen | None = None
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="commlab-nvlink", daemon=True)
 
     def start(self) -> NvlinkSampler:
+        cfg = {"links": sorted(self.links), "interval": self.interval, "source": self._source}
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "commlab.topology._nvlink_reader", json.dumps(cfg)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True, bufsize=1)
         self._thread.start()
         return self
 
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    def _run(self) -> None:
+        proc, prev = self._proc, None
+        for line in proc.stdout:
+            s = json.loads(line)
+            cur = {(g, lk): (tx, rx) for g, lk, tx, rx in s["c"]}
+            self.samples += 1
+            if prev is not None:
+                self.last = rates_from_samples(prev[1], cur, s["t"] - prev[0], self.links)
+                self.callback(self.last)
+            prev = (s["t"], cur)
+        rc = proc.wait()
+        if rc != 0 and not self._stopping:
+            tail = " | ".join(proc.stderr.read().strip().splitlines()[-3:])
+            self.error = (f"the NVLink counter reader (pid {proc.pid}) exited with code "
+                          f"{rc}: {tail or 'no message'}; live rates stopped")
+
     def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=2)
-        self._nv.nvmlShutdown()
+        """End the reader (by its pid, through our handle) and the thread."""
+        self._stopping = True
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            try:
+                proc.stdin.write("stop\n")
+                proc.stdin.close()
+            except OSError:
+                pass
+            try:
+                proc.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if self._thread.is_alive():
+            self._thread.join(timeout=2)
+        for f in (proc.stdout, proc.stderr) if proc is not None else ():
+            f.close()

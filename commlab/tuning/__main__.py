@@ -25,6 +25,9 @@ def main(argv=None) -> int:
     p.add_argument("--check", action="store_true",
                    help="after tuning, time auto against each algorithm (fresh run)")
     p.add_argument("--tolerance", type=float, default=0.05)
+    p.add_argument("--rounds", type=int, default=3,
+                   help="check: time every algorithm this many times, interleaved, and "
+                        "compare the medians (a 5 µs call varies by ~1 µs run to run)")
     p.add_argument("--out", default="", help="merge the check's records into this folder")
     args = p.parse_args(argv)
     if args.backend == "cpu":
@@ -43,12 +46,16 @@ def main(argv=None) -> int:
             print(f"  {key}: " + ", ".join(f"{r['bytes']} B {r['algorithm']}" for r in rows))
     if args.check:
         mode = table.meta.get("mode", "eager")
-        records = []
-        for dt in dtypes or sorted({k.split("|")[1] for k in table.entries}):
-            res = bench.run(comm, ops=["all_reduce"], sizes=sizes or tuning.default_sizes(
-                comm.backend), dtype=dt, modes=(mode,), iters=args.iters or 20,
-                algorithms=["commlab:*"])
-            records += res.records
+        rounds = []
+        for _ in range(max(1, args.rounds)):
+            records = []
+            for dt in dtypes or sorted({k.split("|")[1] for k in table.entries}):
+                res = bench.run(comm, ops=["all_reduce"], sizes=sizes or tuning.default_sizes(
+                    comm.backend), dtype=dt, modes=(mode,), iters=args.iters or 20,
+                    algorithms=["commlab:*"])
+                records += res.records
+            rounds.append(records)
+        records = median_records(rounds)
         if comm.rank == 0:
             bad = tuning.auto_violations(records, args.tolerance)
             print(bench.format_table(records, bench.link_peak_gbps(comm)))
@@ -62,6 +69,16 @@ def main(argv=None) -> int:
                 print(f"wrote to {path}")
     commlab.finalize()
     return rc
+
+
+def median_records(rounds: list[list]) -> list:
+    """One record per (op, impl, dtype, mode, bytes): the one with the median time over
+    the rounds (each round timed every implementation once, so they share the noise)."""
+    groups: dict[tuple, list] = {}
+    for records in rounds:
+        for r in records:
+            groups.setdefault((r.op, r.impl, r.dtype, r.mode, r.bytes), []).append(r)
+    return [sorted(g, key=lambda r: r.time_us)[(len(g) - 1) // 2] for g in groups.values()]
 
 
 if __name__ == "__main__":

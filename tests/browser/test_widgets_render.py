@@ -21,8 +21,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-import nbformat
 import pytest
+
+nbformat = pytest.importorskip("nbformat", reason="the browser test needs the [test] extras")
 
 from commlab.testing import free_port
 

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Correctness on the 2xH200 machine, one command (the device tool; ~8 minutes):
+#
+#   bash bench/gpu_checks.sh      # from the repository root, wheels for the engine in .whl/
+#
+# 1. bench/gpu_smoke.py under torchrun: every op x algorithm x dtype x size vs NCCL,
+#    the device language compiled, heap lifetime, back-to-back calls
+# 2. pytest -m gpu (bench, topology, linkbench, overlap)
+# 3. bench/gpu_quickstart_check.py: the magics on a CUDA world (needs ipyparallel & co.,
+#    installed from .whl/ when present; list in that script)
+# 4. bench/gpu_topology_check.py: recorded topology + linkbench matrix + NVLink counters
+# Logs and the topology files go to $OUT when set (the device tool brings $OUT back).
+set -u
+cd "$(dirname "$0")/.."
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1 COMMLAB_TIMEOUT=120
+OUTDIR=${OUT:-/tmp/commlab-gpu-checks}
+mkdir -p "$OUTDIR/topo"
+exec > >(tee -a "$OUTDIR/checks.log") 2>&1
+PY=${PYTHON:-python}
+if ls .whl/*.whl >/dev/null 2>&1; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH="/tmp/site"
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+status=0
+STEPS=${STEPS:-all}  # e.g. STEPS="tests bench": run only the steps whose tag is listed
+step() {  # step TAG NAME SECONDS CMD...: run with a time limit, keep going, remember failures
+  local tag=$1 name=$2 limit=$3; shift 3
+  if [ "$STEPS" != all ] && [[ " $STEPS " != *" $tag "* ]]; then echo "=== $name: skipped"; return; fi
+  echo "=== $name (limit ${limit}s) $(date -u +%H:%M:%S)"
+  local t0=$SECONDS
+  timeout --signal=INT --kill-after=15 "$limit" "$@"
+  local rc=$?
+  echo "=== $name: exit $rc after $((SECONDS - t0)) s"
+  [ $rc -ne 0 ] && status=1
+}
+$PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, \
+'gpus', torch.cuda.device_count(), torch.cuda.get_device_name(0))"
+step smoke "smoke" 170 $PY -m torch.distributed.run --standalone --nproc-per-node 2 bench/gpu_smoke.py
+step tests "gpu tests" 170 $PY -m pytest -m gpu -q -p no:cacheprovider -rs tests
+step quickstart "quickstart (magics, cuda)" 110 $PY bench/gpu_quickstart_check.py --ranks 2
+step nvml "NVML counter probe" 100 $PY bench/nvml_probe.py
+step topology "topology + linkbench" 110 $PY bench/gpu_topology_check.py "$OUTDIR/topo"
+echo "gpu_checks: $([ $status -eq 0 ] && echo all steps passed || echo SOME STEPS FAILED)"
+exit $status
