@@ -29,7 +29,7 @@ import triton.language as tl  # noqa: E402
 import commlab  # noqa: E402
 from commlab.collectives import _sync  # noqa: E402
 from commlab.collectives._common import peer_ptr  # noqa: E402
-from commlab.overlap._common import peer_view  # noqa: E402
+from commlab.runtime.peer import peer_view  # noqa: E402
 
 
 @triton.jit

@@ -37,6 +37,9 @@ def ping_kernel(buf_ptr, flag_ptr, ctx, N, BLOCK: tl.constexpr):
     cl.barrier(ctx)
 
 
+MOVE = ("direct", "copy_engine")  # the algorithms of all_gather, broadcast, all_to_all
+
+
 def check(comm):
     r, w = comm.rank, comm.world_size
     dev = comm.device
@@ -60,30 +63,31 @@ def check(comm):
                         fails += 1
                         print(f"[rank {r}] FAIL all_reduce {algo} {op} {dt} n={n}: {str(e)[:200]}")
             xs = x[: (n // w) * w] if n >= w else x.repeat(w)
-            ag = commlab.all_gather(xs)
             parts = [torch.empty_like(xs) for _ in range(w)]
             dist.all_gather(parts, xs)
-            if not torch.equal(ag, torch.cat(parts)):
-                fails += 1
-                print(f"[rank {r}] FAIL all_gather {dt} n={n}")
+            for algo in MOVE:
+                if not torch.equal(commlab.all_gather(xs, algorithm=algo), torch.cat(parts)):
+                    fails += 1
+                    print(f"[rank {r}] FAIL all_gather {algo} {dt} n={n}")
             rs = commlab.reduce_scatter(xs, op="sum")
             full = xs.float().clone() if dt.is_floating_point else xs.clone()
             dist.all_reduce(full)
             c = xs.numel() // w
             torch.testing.assert_close(rs, full[r * c:(r + 1) * c].to(dt), rtol=2e-2, atol=2e-2)
-            for src in range(w):
-                b = commlab.broadcast(xs, src=src)
-                ref = xs.clone()
-                dist.broadcast(ref, src)
-                if not torch.equal(b, ref):
+            for algo in MOVE:
+                for src in range(w):
+                    b = commlab.broadcast(xs, src=src, algorithm=algo)
+                    ref = xs.clone()
+                    dist.broadcast(ref, src)
+                    if not torch.equal(b, ref):
+                        fails += 1
+                        print(f"[rank {r}] FAIL broadcast {algo} {dt} n={n} src={src}")
+                a2a = commlab.all_to_all(xs, algorithm=algo)
+                ref = torch.empty_like(xs)
+                dist.all_to_all_single(ref, xs)
+                if not torch.equal(a2a, ref):
                     fails += 1
-                    print(f"[rank {r}] FAIL broadcast {dt} n={n} src={src}")
-            a2a = commlab.all_to_all(xs)
-            ref = torch.empty_like(xs)
-            dist.all_to_all_single(ref, xs)
-            if not torch.equal(a2a, ref):
-                fails += 1
-                print(f"[rank {r}] FAIL all_to_all {dt} n={n}")
+                    print(f"[rank {r}] FAIL all_to_all {algo} {dt} n={n}")
     commlab.barrier()
     # device language: notify/wait/symm_at/barrier in compiled Triton
     buf = commlab.symmetric_zeros((100,), torch.float32)

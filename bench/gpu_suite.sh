@@ -36,7 +36,7 @@ $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton
 step tests "gpu tests" 150 $PY -m pytest -m gpu -q -p no:cacheprovider -rs tests
 step bench "bench eager+graph" 230 $RUN -m commlab.bench --sizes $SIZES --mode both --iters 20 \
   --no-progress --out bench/results
-step tune "tune + auto check" 100 $RUN -m commlab.tuning --check --sizes $SIZES --iters 10 \
+step tune "tune + auto check" 200 $RUN -m commlab.tuning --check --sizes $SIZES --iters 10 \
   --out bench/results
 if [ -n "${OUT:-}" ]; then  # this run's records and tuning table, flat (the tool takes 8 files)
   find bench/results -type f -newer "$STAMP" -name '*.json' -exec cp {} "$OUT/" \; -print

@@ -42,10 +42,12 @@ def bench_world(comm, tmp):
     """Everything that needs a running world, in one world (a start costs ~5 s)."""
     extra = (Impl("commlab:wrong_on_rank1", "all_reduce", _wrong_prepare),
              Impl("commlab:raises", "broadcast", _raising_prepare),
-             Impl("torch_symm_mem:raises", "all_to_all", _raising_prepare, optional=True))
+             Impl("torch_symm_mem:raises", "all_to_all", _raising_prepare, optional=True),
+             Impl("torch_symm_mem:wrong", "all_reduce", _wrong_prepare, optional=True))
     res = bench.run(comm, sizes=SIZES, dtype="float32", iters=2, progress=False,
                     modes=("eager", "graph"),
-                    algorithms=["gloo", "one_shot", "direct", "wrong_on_rank1", "raises"],
+                    algorithms=["gloo", "one_shot", "direct", "wrong_on_rank1", "raises",
+                                "torch_symm_mem:wrong"],
                     extra_impls=extra)
     path = None
     if comm.rank == 0:
@@ -128,6 +130,14 @@ def test_an_optional_impl_that_raises_is_skipped_with_its_reason(run2):
     for rank in (0, 1):
         got = [s for s in run2[rank]["skipped"] if s.startswith("torch_symm_mem:raises")]
         assert len(got) == len(SIZES) and all("always fails" in s for s in got)
+
+
+def test_an_optional_impl_with_a_wrong_result_is_skipped_untimed_not_failed(run2):
+    for rank in (0, 1):
+        got = [s for s in run2[rank]["skipped"] if s.startswith("torch_symm_mem:wrong")]
+        assert len(got) == len(SIZES) and all("wrong result, not timed" in s for s in got)
+        assert not any(f[1] == "torch_symm_mem:wrong" for f in run2[rank]["failures"])
+    assert not any(r["impl"] == "torch_symm_mem:wrong" for r in run2[0]["records"])
 
 
 def test_graph_mode_is_skipped_on_cpu_with_a_reason(run2):

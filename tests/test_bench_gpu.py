@@ -51,6 +51,15 @@ def test_commlab_and_nccl_are_timed_in_eager_and_graph_mode(gpu2):
     assert all(r["time_us"] > 0 and "H" in r["device"] for r in recs)
 
 
+def test_copy_engine_algorithms_are_verified_and_timed_eager_and_in_graphs(gpu2):
+    # verified against NCCL first (a failure would be in "failures"), replayed from a
+    # CUDA graph (the flags count exchanges on the device)
+    have = {(r["op"], r["mode"]) for r in gpu2[0]["records"]
+            if r["impl"] == "commlab:copy_engine"}
+    assert have == {(op, m) for op in ("all_gather", "all_to_all", "broadcast")
+                    for m in ("eager", "graph")}, sorted(have)
+
+
 def test_torch_symm_mem_all_reduce_is_timed_or_skipped_with_a_reason(gpu2):
     recs = gpu2[0]["records"]
     for algo, op_name in (("one_shot", "one_shot_all_reduce"),

@@ -95,6 +95,17 @@ def test_collective_called_on_one_rank_is_reported_within_timeout_and_world_reco
     assert_world_works(ip)
 
 
+def test_hang_report_shows_the_stack_of_a_rank_that_ignores_the_dump_signal(ip):
+    # SIGUSR1 brought no dump back from CUDA-world ranks on 2xH200; the watcher thread
+    # behind the rank's FIFO must then deliver the stack
+    with pytest.raises(HangError) as ei:
+        cell(ip, "import signal, time\nif rank == 0:\n"
+                 "    signal.signal(signal.SIGUSR1, signal.SIG_IGN)\n    time.sleep(60)\n",
+             "--timeout 2")
+    assert "cell, line 4, in <module>:  time.sleep(60)" in ei.value.report
+    assert_world_works(ip)
+
+
 def test_hang_is_detected_from_per_rank_completion_without_timeout(ip):
     # rank 1 finishes at once, rank 0 waits in a barrier nobody else calls
     t0 = time.monotonic()

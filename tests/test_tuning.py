@@ -153,6 +153,22 @@ def test_auto_violations_flag_a_slow_auto():
     assert auto_violations(ok) == [] and "+10%" in auto_violations(bad)[0]
 
 
+def test_auto_is_judged_by_the_algorithm_it_picks_in_graph_mode():
+    from commlab.bench._records import Record
+
+    def rec(impl, t, mode="graph"):
+        return Record.measured(op="all_reduce", impl=impl, dtype="bf16", nbytes=64,
+                               world_size=2, time_us=t, device="d", commit="c", mode=mode)
+    noisy = [rec("commlab:one_shot", 10), rec("commlab:two_shot", 12), rec("commlab:auto", 11)]
+    # auto replays one_shot's kernels: its own 10% is noise, the pick is the best
+    assert auto_violations(noisy, choice=lambda *a: "one_shot") == []
+    wrong = auto_violations(noisy, choice=lambda *a: "two_shot")
+    assert len(wrong) == 1 and "auto (runs two_shot) 12.0" in wrong[0] and "+20%" in wrong[0]
+    # eager: the lookup's host cost counts, so auto's own time is judged
+    eager = [rec(r.impl, r.time_us, "eager") for r in noisy]
+    assert "+10%" in auto_violations(eager, choice=lambda *a: "one_shot")[0]
+
+
 def test_table_round_trips_and_rejects_other_schemas(tmp_path):
     t = TuningTable("fp", {"backend": "cpu"}, meta={"mode": "eager"})
     t.set("all_reduce", "float32", 2, {8: {"ring": 1.0}})

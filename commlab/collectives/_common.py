@@ -20,7 +20,11 @@ from commlab.runtime.heap import MAX_BARRIER_BLOCKS
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.int32)
 OPS = {"sum": 0, "max": 1, "min": 2}
-ALGORITHMS = ("auto", "one_shot", "two_shot", "ring")
+ALGORITHMS = ("auto", "one_shot", "two_shot", "ring")  # all_reduce
+# all_gather, all_to_all, broadcast: SM pushes ("direct") or copy-engine DMA
+MOVE_ALGORITHMS = ("auto", "direct", "copy_engine")
+OP_ALGORITHMS = {"all_reduce": ALGORITHMS, "all_gather": MOVE_ALGORITHMS,
+                 "all_to_all": MOVE_ALGORITHMS, "broadcast": MOVE_ALGORITHMS}
 MAX_PROGRAMS = MAX_BARRIER_BLOCKS  # signal-pad rows and epoch slots: one per program
 
 
@@ -54,8 +58,10 @@ def check_local(op_name: str, comm: Communicator, x, *, reduce_op: str | None = 
         return f"tensor is on {x.device} but the backend is 'cpu'; pass x.cpu()"
     if reduce_op is not None and reduce_op not in OPS:
         return f"op must be one of {', '.join(map(repr, OPS))}, got {reduce_op!r}"
-    if algorithm is not None and algorithm not in ALGORITHMS:
-        return f"algorithm must be one of {', '.join(map(repr, ALGORITHMS))}, got {algorithm!r}"
+    valid = OP_ALGORITHMS.get(op_name, ALGORITHMS)
+    if algorithm is not None and algorithm not in valid:
+        return (f"{op_name}: algorithm must be one of {', '.join(map(repr, valid))}, "
+                f"got {algorithm!r}")
     if split_dim0:
         if x.dim() == 0:
             return "needs a tensor with at least one dimension, got a 0-d tensor; pass x.reshape(1)"
@@ -117,9 +123,11 @@ def launch_for(comm: Communicator, n: int) -> Launch:
         block = 1 << 20  # the interpreter's cost is per op: few, wide ops (4 MiB fp32)
         return Launch(1, min(block, max(16, triton.next_power_of_2(max(n, 1)))), 4)
     # Small messages: 2048-element blocks over few programs keep the latency down. From
-    # 1M elements on, 8192-element blocks with 16 warps on 256 programs keep the most
-    # bytes in flight over NVLink (bench/gpu_sweep.py on 2xH200: two-shot bf16 1 GiB
-    # 3149 us = 341 GB/s busbw, against 3253-3583 us with smaller shapes).
+    # 1M elements on, 8192-element blocks on 256 programs keep the most bytes in flight
+    # over NVLink (bench/gpu_sweep.py on 2xH200: two-shot bf16 1 GiB 3149 us = 341 GB/s
+    # busbw, against 3253-3583 us with smaller shapes), with 8 warps: a kernel that only
+    # pushes, both ranks at once, moved 350 GB/s per direction with 8 warps and 338 with
+    # 16 (bench/gpu_link_ceiling.py, bench/results/link-ceiling-2xh200.txt).
     if n >= _GPU_BIG:
         block, warps, programs = _GPU_BLOCK_BIG, _GPU_WARPS_BIG, _GPU_PROGRAMS
     else:
@@ -133,7 +141,7 @@ _GPU_BIG = int(os.environ.get("COMMLAB_GPU_BIG", 1 << 20))
 _GPU_BLOCK = int(os.environ.get("COMMLAB_GPU_BLOCK", 2048))
 _GPU_WARPS = int(os.environ.get("COMMLAB_GPU_WARPS", 8))
 _GPU_BLOCK_BIG = int(os.environ.get("COMMLAB_GPU_BLOCK_BIG", 8192))
-_GPU_WARPS_BIG = int(os.environ.get("COMMLAB_GPU_WARPS_BIG", 16))
+_GPU_WARPS_BIG = int(os.environ.get("COMMLAB_GPU_WARPS_BIG", 8))
 _GPU_PROGRAMS = int(os.environ.get("COMMLAB_GPU_PROGRAMS", 256))
 
 

@@ -1,4 +1,4 @@
-"""``algorithm="auto"``: which all-reduce algorithm to run for a message.
+"""``algorithm="auto"``: which algorithm to run for a message.
 
 A measured tuning table wins when there is one (``commlab.tune()``, keyed by op, dtype,
 world size and topology fingerprint; see ``commlab.tuning``). Before any tuning, these
@@ -9,6 +9,12 @@ documented defaults, from bench/results/2xh200-smoke.txt (2xH200, bf16):
 - more ranks: one-shot up to 256 KiB (it sends (W-1)·N per rank), two-shot above;
 - CPU backend: one-shot up to 64 KiB, two-shot above (the interpreter's cost is per
   element touched, and one-shot touches W·N).
+
+all_gather, all_to_all, broadcast: ``direct`` (SM pushes) below COPY_ENGINE_MIN_BYTES
+of output, ``copy_engine`` from there on CUDA (a copy engine moves 389-394 GB/s per
+direction on 2xH200 where SM stores reach 355: bench/results/link-ceiling-2xh200.txt;
+below a few MiB the copy engine's per-copy latency and the extra launches lose). The
+CPU backend always uses ``direct`` (the path that shows the device language).
 """
 
 from __future__ import annotations
@@ -32,3 +38,15 @@ def default_all_reduce(world_size: int, nbytes: int, backend: str = "cuda") -> s
 def choose_all_reduce(comm, dtype, nbytes: int) -> str:
     return lookup(comm, "all_reduce", dtype, nbytes) or default_all_reduce(
         comm.world_size, nbytes, comm.backend)
+
+
+COPY_ENGINE_MIN_BYTES = 32 << 20
+
+
+def default_move(nbytes: int, backend: str = "cuda") -> str:
+    return "copy_engine" if backend == "cuda" and nbytes >= COPY_ENGINE_MIN_BYTES else "direct"
+
+
+def choose_move(comm, op: str, dtype, nbytes: int) -> str:
+    """all_gather / all_to_all / broadcast; ``nbytes`` is the output's size."""
+    return lookup(comm, op, dtype, nbytes) or default_move(nbytes, comm.backend)

@@ -76,6 +76,22 @@ def wait_all(ctx, value, bank=0):
 
 
 @triton.jit
+def ack_all(ctx, value, bank=0):
+    """Tell every peer's same program we are done *reading* what it sent (a write-after-
+    read acknowledgement), without signal()'s release fence. Safe because every load
+    of this block whose value we used has completed: its value fed a store that the
+    thread issued before the block barrier below. Saves a system-scope fence on the
+    critical path of kernels that end with an acknowledgement (broadcast)."""
+    tl.debug_barrier()
+    me = tl.load(ctx).to(tl.int32)
+    world = tl.load(ctx + 1).to(tl.int32)
+    for i in range(1, world):
+        peer = (me + i) % world
+        remote = cl.symm_at(_slot(ctx, me, bank), peer, ctx)
+        tl.atomic_xchg(remote, value, sem="relaxed", scope="sys")
+
+
+@triton.jit
 def my_blocks(n_elems, BLOCK: tl.constexpr):
     """How many BLOCK-sized blocks of ``n_elems`` this program handles (blocks are dealt
     round-robin: program p takes p, p + P, p + 2P, …)."""

@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 import commlab.language as cl
-from commlab.collectives import _sync
+from commlab.collectives import _copy_engine, _sync
 from commlab.collectives._common import (
     agree,
     check_local,
@@ -32,6 +32,7 @@ from commlab.collectives._common import (
 )
 from commlab.collectives._launch import launch
 from commlab.collectives._plan import fast_call, remember
+from commlab.collectives._select import choose_move
 
 
 @triton.jit
@@ -87,22 +88,23 @@ def all_gather_kernel(
     _sync.end_call(ctx, n)
 
 
-def all_gather(x: torch.Tensor) -> torch.Tensor:
+def all_gather(x: torch.Tensor, algorithm: str = "auto") -> torch.Tensor:
     """Gather ``x`` from every rank, concatenated along dim 0 (rank order).
 
     ``x`` must have the same shape and dtype on every rank; returns a new tensor of shape
-    ``[world_size * x.shape[0], *x.shape[1:]]``."""
+    ``[world_size * x.shape[0], *x.shape[1:]]``. ``algorithm``: "direct" (SM pushes, this
+    file), "copy_engine" (DMA, ``_copy_engine``) or "auto" (``_select``)."""
     comm = comm_or_raise()
     key = None
     if isinstance(x, torch.Tensor):
-        key = ("all_gather", x.shape, x.dtype, x.device)
+        key = ("all_gather", x.shape, x.dtype, x.device, algorithm)
         out = fast_call(comm, key, x)
         if out is not None:
             return out
-    err = check_local("all_gather", comm, x)
+    err = check_local("all_gather", comm, x, algorithm=algorithm)
     if not err and x.dim() == 0:
         err = "needs a tensor with at least one dimension, got a 0-d tensor; pass x.reshape(1)"
-    call = agree("all_gather", x, err)
+    call = agree("all_gather", x, err, algorithm=algorithm)
     x = call.x.contiguous()
     world = comm.world_size
 
@@ -111,12 +113,29 @@ def all_gather(x: torch.Tensor) -> torch.Tensor:
 
     out = make_out(x)
     nbytes = x.numel() * x.element_size() * world
+    algo = choose_move(comm, "all_gather", x.dtype, nbytes) if algorithm == "auto" else algorithm
+    if x.numel() == 0:
+        return out
+    body = _all_gather if algo == "direct" else _all_gather_ce
     launched: list = []
-    with traced("all_gather", nbytes, "direct", comm.device):
-        _all_gather(comm, x, out, launched)
-    remember(comm, key, call, algorithm="direct", nbytes=nbytes, launched=launched,
-             make_out=make_out, slow=lambda a, b: _all_gather(comm, a, b))
+    with traced("all_gather", nbytes, algo, comm.device):
+        body(comm, x, out, launched)
+    remember(comm, key, call, algorithm=algo, nbytes=nbytes, launched=launched,
+             make_out=make_out, slow=lambda a, b: body(comm, a, b))
     return out
+
+
+def _all_gather_ce(comm, x: torch.Tensor, out: torch.Tensor, record: list | None = None) -> None:
+    """Copy-engine all-gather: our piece to every peer's inbox by DMA, theirs copied out."""
+    flat, n = x.view(-1), x.numel()
+    flat_out = out.view(-1)
+    peers = [p for p in range(comm.world_size) if p != comm.rank]
+    cap = _copy_engine.capacity(comm, x.element_size())
+    for lo in range(0, n, cap):
+        hi = min(n, lo + cap)
+        piece = flat[lo:hi]
+        _copy_engine.exchange(comm, {p: piece for p in peers}, piece, flat_out[lo:],
+                              hi - lo, n)
 
 
 def _all_gather(comm, x: torch.Tensor, out: torch.Tensor, record: list | None = None) -> None:

@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 import commlab.language as cl
-from commlab.collectives import _sync
+from commlab.collectives import _copy_engine, _sync
 from commlab.collectives._common import (
     agree,
     check_local,
@@ -30,6 +30,7 @@ from commlab.collectives._common import (
 )
 from commlab.collectives._launch import launch
 from commlab.collectives._plan import fast_call, remember
+from commlab.collectives._select import choose_move
 
 
 @triton.jit
@@ -88,27 +89,45 @@ def all_to_all_kernel(
     _sync.end_call(ctx, n)
 
 
-def all_to_all(x: torch.Tensor) -> torch.Tensor:
+def all_to_all(x: torch.Tensor, algorithm: str = "auto") -> torch.Tensor:
     """Exchange chunks: dim 0 in ``world_size`` chunks, chunk j goes to rank j; the result
-    holds, in rank order, the chunk each rank sent here."""
+    holds, in rank order, the chunk each rank sent here. ``algorithm``: "direct" (SM
+    pushes), "copy_engine" (DMA, ``_copy_engine``) or "auto" (``_select``)."""
     comm = comm_or_raise()
     key = None
     if isinstance(x, torch.Tensor):
-        key = ("all_to_all", x.shape, x.dtype, x.device)
+        key = ("all_to_all", x.shape, x.dtype, x.device, algorithm)
         out = fast_call(comm, key, x)
         if out is not None:
             return out
-    err = check_local("all_to_all", comm, x, split_dim0=True)
-    call = agree("all_to_all", x, err)
+    err = check_local("all_to_all", comm, x, split_dim0=True, algorithm=algorithm)
+    call = agree("all_to_all", x, err, algorithm=algorithm)
     x = call.x.contiguous()
     out = torch.empty_like(x)
     nbytes = x.numel() * x.element_size()
+    algo = choose_move(comm, "all_to_all", x.dtype, nbytes) if algorithm == "auto" else algorithm
+    if x.numel() == 0:
+        return out
+    body = _all_to_all if algo == "direct" else _all_to_all_ce
     launched: list = []
-    with traced("all_to_all", nbytes, "direct", comm.device):
-        _all_to_all(comm, x, out, launched)
-    remember(comm, key, call, algorithm="direct", nbytes=nbytes, launched=launched,
-             make_out=torch.empty_like, slow=lambda a, b: _all_to_all(comm, a, b))
+    with traced("all_to_all", nbytes, algo, comm.device):
+        body(comm, x, out, launched)
+    remember(comm, key, call, algorithm=algo, nbytes=nbytes, launched=launched,
+             make_out=torch.empty_like, slow=lambda a, b: body(comm, a, b))
     return out
+
+
+def _all_to_all_ce(comm, x, out, record: list | None = None) -> None:
+    """Copy-engine all-to-all: chunk p to rank p's inbox by DMA, the received copied out."""
+    world, me = comm.world_size, comm.rank
+    c = x.numel() // world
+    flat, flat_out = x.view(-1), out.view(-1)
+    cap = _copy_engine.capacity(comm, x.element_size())
+    for lo in range(0, c, cap):
+        hi = min(c, lo + cap)
+        sends = {p: flat[p * c + lo: p * c + hi] for p in range(world) if p != me}
+        _copy_engine.exchange(comm, sends, flat[me * c + lo: me * c + hi], flat_out[lo:],
+                              hi - lo, c)
 
 
 def _all_to_all(comm, x, out, record: list | None = None) -> None:

@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 import commlab.language as cl
-from commlab.collectives import _sync
+from commlab.collectives import _copy_engine, _sync
 from commlab.collectives._common import (
     agree,
     check_local,
@@ -36,6 +36,7 @@ from commlab.collectives._common import (
 )
 from commlab.collectives._launch import launch
 from commlab.collectives._plan import fast_call, remember
+from commlab.collectives._select import choose_move
 
 
 @triton.jit
@@ -80,31 +81,49 @@ def broadcast_kernel(
                 offs = (pid + j * nprog) * BLOCK + tl.arange(0, BLOCK)
                 mask = offs < N
                 tl.store(out_ptr + offs, tl.load(inbox + offs, mask=mask), mask=mask)
-    _sync.signal_all(ctx, base + 1, 0)  # acknowledge: we are done with call n's inboxes
+    _sync.ack_all(ctx, base + 1, 0)  # acknowledge: we are done with call n's inboxes
     _sync.end_call(ctx, n)
 
 
-def broadcast(x: torch.Tensor, src: int = 0) -> torch.Tensor:
+def broadcast(x: torch.Tensor, src: int = 0, algorithm: str = "auto") -> torch.Tensor:
     """Return a copy of rank ``src``'s ``x`` on every rank (``x`` gives shape and dtype
-    elsewhere and must match src's)."""
+    elsewhere and must match src's). ``algorithm``: "direct" (SM pushes), "copy_engine"
+    (DMA, ``_copy_engine``) or "auto" (``_select``)."""
     comm = comm_or_raise()
     key = None
     if isinstance(x, torch.Tensor):
-        key = ("broadcast", x.shape, x.dtype, x.device, src)
+        key = ("broadcast", x.shape, x.dtype, x.device, src, algorithm)
         out = fast_call(comm, key, x)
         if out is not None:
             return out
-    err = check_local("broadcast", comm, x, src=src)
-    call = agree("broadcast", x, err, src=src)
+    err = check_local("broadcast", comm, x, src=src, algorithm=algorithm)
+    call = agree("broadcast", x, err, src=src, algorithm=algorithm)
     x = call.x.contiguous()
     out = torch.empty_like(x)
     nbytes = x.numel() * x.element_size()
+    algo = choose_move(comm, "broadcast", x.dtype, nbytes) if algorithm == "auto" else algorithm
+    if x.numel() == 0:
+        return out
+    body = _broadcast if algo == "direct" else _broadcast_ce
     launched: list = []
-    with traced("broadcast", nbytes, "direct", comm.device):
-        _broadcast(comm, x, out, src, launched)
-    remember(comm, key, call, algorithm="direct", nbytes=nbytes, launched=launched,
-             make_out=torch.empty_like, slow=lambda a, b: _broadcast(comm, a, b, src))
+    with traced("broadcast", nbytes, algo, comm.device):
+        body(comm, x, out, src, launched)
+    remember(comm, key, call, algorithm=algo, nbytes=nbytes, launched=launched,
+             make_out=torch.empty_like, slow=lambda a, b: body(comm, a, b, src))
     return out
+
+
+def _broadcast_ce(comm, x, out, src: int, record: list | None = None) -> None:
+    """Copy-engine broadcast: src's input to every inbox by DMA, copied out behind it."""
+    flat, flat_out, n = x.view(-1), out.view(-1), x.numel()
+    me = comm.rank
+    cap = _copy_engine.capacity(comm, x.element_size())
+    for lo in range(0, n, cap):
+        hi = min(n, lo + cap)
+        piece = flat[lo:hi]
+        sends = {p: piece for p in range(comm.world_size) if p != me} if me == src else {}
+        _copy_engine.exchange(comm, sends, piece if me == src else None, flat_out[lo:],
+                              hi - lo, 0, src)
 
 
 def _broadcast(comm, x, out, src: int, record: list | None = None) -> None:

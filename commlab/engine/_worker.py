@@ -26,6 +26,7 @@ def join(rank: int, world_size: int, port: int, backend: str, device: int,
         # O_APPEND: the client truncates the file before each dump, we always write at its end
         _STACK_FILE = open(stack_path, "a")  # noqa: SIM115 (lives as long as the process)
         _arm_stack_dump()
+        _start_dump_watcher(stack_path + ".fifo")
         ip = _shell()
         if ip is not None:  # re-armed before every cell: see _arm_stack_dump
             ip.events.register("pre_run_cell", _arm_stack_dump)
@@ -48,6 +49,31 @@ def _arm_stack_dump(*_info) -> None:
     re-registering is one sigaction call."""
     if _STACK_FILE is not None:
         faulthandler.register(signal.SIGUSR1, file=_STACK_FILE, all_threads=True, chain=False)
+
+
+def _start_dump_watcher(fifo: str) -> None:
+    """The second way to ask for a stack dump: a byte written to ``fifo`` makes a daemon
+    thread here dump every thread's stack. The client uses it when SIGUSR1 brings no
+    dump back (on our 2xH200 CUDA worlds it never did, even for a rank in time.sleep);
+    it needs the rank's main thread to let go of the GIL, which sleeping, waiting at a
+    commlab agreement or on the GPU all do."""
+    import threading
+
+    try:
+        os.mkfifo(fifo, 0o600)
+    except FileExistsError:
+        pass
+    except OSError:  # no FIFOs here (unusual filesystem): SIGUSR1 alone
+        return
+
+    def watch() -> None:
+        while True:
+            with open(fifo, "rb", buffering=0) as f:  # blocks (GIL released) for a writer
+                while f.read(1):
+                    faulthandler.dump_traceback(file=_STACK_FILE, all_threads=True)
+                    _STACK_FILE.flush()
+
+    threading.Thread(target=watch, name="commlab-stack-dump", daemon=True).start()
 
 
 def _set_user_names(comm) -> None:

@@ -309,9 +309,14 @@ class World:
                     pass
         self.signal(ranks, signal.SIGUSR1)
         out: dict[int, str] = {}
-        deadline = time.monotonic() + 2.0
-        while time.monotonic() < deadline and len(out) < len(paths):
+        asked = False
+        t0 = time.monotonic()
+        while time.monotonic() < t0 + 3.0 and len(out) < len(paths):
             time.sleep(0.05)
+            if not asked and time.monotonic() > t0 + 1.0:  # no signal dump: ask the watcher
+                asked = True
+                for r in set(paths) - set(out):
+                    _poke(paths[r] + ".fifo")
             for r, p in paths.items():
                 text = open(p).read()
                 if r not in out and text.count("File ") and _settled(p, text):
@@ -375,6 +380,20 @@ def _engine_set_launcher():
         launcher_class = EngineLauncher
 
     return EngineSetLauncher
+
+
+def _poke(fifo: str) -> None:
+    """Ask a rank's dump watcher (``_worker._start_dump_watcher``) for its stacks."""
+    try:
+        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)  # ENXIO: no watcher reading
+    except OSError:
+        return
+    try:
+        os.write(fd, b"d")
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _settled(path: str, text: str) -> bool:

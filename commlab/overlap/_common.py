@@ -38,6 +38,19 @@ def tile_config(comm: Communicator) -> TileConfig:
     return CPU_TILE if comm.backend == "cpu" else GPU_TILE
 
 
+def refuse_capture(op: str, comm: Communicator) -> None:
+    """The fused kernels number their calls on the host (epochs in kernel arguments and
+    copy-engine flag writes), which a CUDA-graph replay would freeze: refuse to be
+    captured rather than read stale chunks."""
+    if comm.backend == "cuda" and torch.cuda.is_current_stream_capturing():
+        from commlab.errors import CommlabUsageError
+
+        raise CommlabUsageError(
+            f"{op}(algorithm='fused') cannot be captured in a CUDA graph: it numbers its "
+            f"calls on the host, and a replay would reuse the captured numbers; inside "
+            f"graphs pass algorithm='sequential'")
+
+
 def check_gemm_args(op: str, comm: Communicator, a, b, algorithm: str,
                     *, rows_divisible: bool) -> str:
     """The first rule (a, b) break on this rank, or "" (the text says the fix)."""
@@ -178,17 +191,6 @@ def buffers(comm: Communicator, op: str, rows: int, cols: int, dtype: torch.dtyp
 def clear_cache() -> None:
     """Drop cached buffers (tests and commlab.finalize() users)."""
     _CACHE.clear()
-
-
-def peer_view(comm: Communicator, t: torch.Tensor, peer: int,
-              dtype: torch.dtype | None = None) -> torch.Tensor:
-    """``t`` (a symmetric tensor, contiguous) as it lives on ``peer`` (CUDA only), so
-    copy-engine copies and stream writes can target the peer's memory directly."""
-    hdl = next(k for k in comm._keep if hasattr(k, "get_buffer"))
-    off = comm.heap.offset_of(t)
-    assert off is not None and off % t.element_size() == 0
-    dtype = dtype or t.dtype  # same element size (e.g. int32 flags as uint32 for stream writes)
-    return hdl.get_buffer(peer, tuple(t.shape), dtype, off // t.element_size())
 
 
 # --- tile timeline -----------------------------------------------------------------

@@ -38,6 +38,7 @@ from commlab import trace
 from commlab.collectives._common import agree, comm_or_raise, launch_for
 from commlab.overlap import _common as oc
 from commlab.overlap._tiles import grouped_tile, mma, stamp
+from commlab.runtime.peer import peer_view
 
 
 @triton.jit
@@ -149,8 +150,8 @@ def _push_cuda(comm, a, bufs: oc.Buffers, slot: torch.Tensor, epoch: int) -> tor
             p = (me + i) % world
             key = (p, slot.data_ptr())
             if key not in bufs.peer_views:
-                bufs.peer_views[key] = (oc.peer_view(comm, slot, p),
-                                        oc.peer_view(comm, bufs.flags, p, torch.uint32))
+                bufs.peer_views[key] = (peer_view(comm, slot, p),
+                                        peer_view(comm, bufs.flags, p, torch.uint32))
             views = bufs.peer_views[key]
             views[0][me].copy_(a, non_blocking=True)  # contiguous D2D: a copy-engine memcpy
             torch.ops.symm_mem.stream_write_value32_(views[1].view(-1), me, epoch)
@@ -239,6 +240,7 @@ def ag_gemm(a: torch.Tensor, b: torch.Tensor, *, algorithm: str = "auto") -> tor
     with trace.collective("ag_gemm", nbytes, algo, comm.device):
         if algo == "sequential":
             return _sequential(comm, a, b)
+        oc.refuse_capture("ag_gemm", comm)
         out, decode = _fused(comm, a.contiguous(), b)
     if decode is not None:
         decode()

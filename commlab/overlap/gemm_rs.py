@@ -186,6 +186,7 @@ def gemm_rs(a: torch.Tensor, b: torch.Tensor, *, algorithm: str = "auto") -> tor
     with trace.collective("gemm_rs", nbytes, algo, comm.device):
         if algo == "sequential":
             return _sequential(comm, a, b)
+        oc.refuse_capture("gemm_rs", comm)
         out, decode = _fused(comm, a.contiguous(), b)
     if decode is not None:
         decode()

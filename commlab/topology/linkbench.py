@@ -18,7 +18,6 @@ rows, one per reader, that ``LinkBenchResult.from_rows`` assembles.
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import math
 import statistics
@@ -31,6 +30,7 @@ import triton.language as tl
 
 import commlab
 import commlab.language as cl
+from commlab.runtime.peer import peer_view
 from commlab.topology._bench_result import LinkBenchResult
 
 CPU_SIZES = tuple(4 << (2 * k + 10) for k in range(5))  # 4 KiB .. 1 MiB, x4 apart
@@ -61,30 +61,6 @@ def peer_copy_kernel(
         offs = start + tl.arange(0, BLOCK)
         mask = offs < n
         tl.store(dst_ptr + offs, tl.load(remote + offs, mask=mask), mask=mask)
-
-
-class _CudaPtr:
-    """A CUDA pointer (here: a peer's heap, mapped in this process) seen by torch."""
-
-    def __init__(self, ptr: int, nbytes: int):
-        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1",
-                                         "data": (ptr, False), "version": 3,
-                                         "strides": None, "stream": None}
-
-
-def peer_view(comm, t: torch.Tensor, peer: int) -> torch.Tensor:
-    """``t`` (a symmetric tensor) as it lives on ``peer``, addressed from this process."""
-    off = comm.heap.offset_of(t)
-    if off is None:
-        raise ValueError("peer_view: the tensor is not in the symmetric heap; allocate it "
-                         "with commlab.symmetric_empty")
-    addr = comm.heap.bases[peer] + off
-    nbytes = t.numel() * t.element_size()
-    if comm.backend == "cuda":
-        raw = torch.as_tensor(_CudaPtr(addr, nbytes), device=comm.device)
-    else:
-        raw = torch.frombuffer((ctypes.c_uint8 * nbytes).from_address(addr), dtype=torch.uint8)
-    return raw.view(t.dtype).view(t.shape)
 
 
 def _launch(comm, n: int) -> tuple[int, int, int]:

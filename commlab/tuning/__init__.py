@@ -31,7 +31,11 @@ __all__ = ["TuningTable", "auto_violations", "cache_dir", "fingerprint", "lookup
            "table_path", "tune", "winners"]
 
 PACKAGED = Path(__file__).parent / "data"
-TUNABLE = {"all_reduce": ("one_shot", "two_shot", "ring")}  # ops with a choice to make
+# ops with a choice to make, and their algorithms
+TUNABLE = {"all_reduce": ("one_shot", "two_shot", "ring"),
+           "all_gather": ("direct", "copy_engine"),
+           "all_to_all": ("direct", "copy_engine"),
+           "broadcast": ("direct", "copy_engine")}
 
 
 def cache_dir() -> Path:
@@ -58,14 +62,11 @@ _buckets: dict = {}  # (op, torch dtype) -> (bounds, algorithms), ready for bise
 def _install(comm, table: TuningTable | None) -> None:
     import torch
 
-    from commlab.collectives._common import ALGORITHMS
-
-    known = set(ALGORITHMS) - {"auto"}
     buckets = {}
     if table is not None:
         for name in ("float32", "float16", "bfloat16", "int32"):
-            for op in TUNABLE:
-                b = table.buckets(op, name, comm.world_size, known)
+            for op, known in TUNABLE.items():
+                b = table.buckets(op, name, comm.world_size, set(known))
                 if b is not None:
                     buckets[(op, getattr(torch, name))] = b
     global _comm, _table, _buckets

@@ -18,6 +18,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m commlab.tuning", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--backend", default="auto", choices=("auto", "cpu", "cuda"))
+    p.add_argument("--ops", default="all_reduce,all_gather,all_to_all,broadcast",
+                   help="comma list of ops with a choice of algorithms")
     p.add_argument("--sizes", default=None, help="comma list (default: tuning's defaults)")
     p.add_argument("--dtypes", default=None, help="comma list (default: bf16,fp32 GPU; fp32 CPU)")
     p.add_argument("--mode", default=None, choices=("eager", "graph"))
@@ -38,7 +40,8 @@ def main(argv=None) -> int:
     comm = commlab.init(backend=args.backend)
     sizes = [bench.parse_size(s) for s in args.sizes.split(",")] if args.sizes else None
     dtypes = args.dtypes.split(",") if args.dtypes else None
-    table = tuning.tune(sizes=sizes, dtypes=dtypes, mode=args.mode, iters=args.iters)
+    ops = [o for o in args.ops.split(",") if o]
+    table = tuning.tune(ops=ops, sizes=sizes, dtypes=dtypes, mode=args.mode, iters=args.iters)
     rc = 0
     if comm.rank == 0:
         print(f"tuning table {table.fingerprint} -> {tuning.table_path(comm)}")
@@ -50,14 +53,16 @@ def main(argv=None) -> int:
         for _ in range(max(1, args.rounds)):
             records = []
             for dt in dtypes or sorted({k.split("|")[1] for k in table.entries}):
-                res = bench.run(comm, ops=["all_reduce"], sizes=sizes or tuning.default_sizes(
+                res = bench.run(comm, ops=ops, sizes=sizes or tuning.default_sizes(
                     comm.backend), dtype=dt, modes=(mode,), iters=args.iters or 20,
                     algorithms=["commlab:*"])
                 records += res.records
             rounds.append(records)
         records = median_records(rounds)
         if comm.rank == 0:
-            bad = tuning.auto_violations(records, args.tolerance)
+            bad = tuning.auto_violations(
+                records, args.tolerance,
+                choice=lambda op, dt, nb: table.choose(op, dt, comm.world_size, nb))
             print(bench.format_table(records, bench.link_peak_gbps(comm)))
             print(f"auto vs best single algorithm: {len(bad)} size(s) more than "
                   f"{100 * args.tolerance:g}% slower" + (":" if bad else ""))

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pytest
 
-nbformat = pytest.importorskip("nbformat", reason="the browser test needs the [test] extras")
-
 from commlab.testing import free_port
+
+nbformat = pytest.importorskip("nbformat", reason="the browser test needs the [test] extras")
 
 CHROMIUM = "/usr/bin/chromium"
 SHOTS = Path(__file__).parent / "screenshots"

@@ -29,6 +29,9 @@ OPS = ("sum", "max", "min")
 ALGORITHMS = ("auto", "one_shot", "two_shot", "ring")
 
 
+MOVE_ALGORITHMS = ("direct", "copy_engine")
+
+
 def _gen(seed: int, rank: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed * 1000 + rank)  # different data per rank
 
@@ -111,12 +114,13 @@ def check_data_movement(checks: Checks, gen, world: int) -> None:
             x = random_tensor(gen, (rows * world, 3), dtype)
             before = x.clone()
             label = f"{dtype} shape={tuple(x.shape)}"
-            with checks.case("all_gather", label):
-                out = commlab.all_gather(x)
-                ref = torch.cat(gloo_all_gather(x)).to(dtype)
-                assert out.shape == (world * x.shape[0], 3)
-                torch.testing.assert_close(out, ref, rtol=0, atol=0)
-                assert_new_tensor(out, x, "all_gather")
+            for algo in MOVE_ALGORITHMS:
+                with checks.case("all_gather", f"{label} {algo}"):
+                    out = commlab.all_gather(x, algorithm=algo)
+                    ref = torch.cat(gloo_all_gather(x)).to(dtype)
+                    assert out.shape == (world * x.shape[0], 3)
+                    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+                    assert_new_tensor(out, x, "all_gather")
             for op in ("sum", "max", "min"):
                 with checks.case("reduce_scatter", f"{label} op={op}"):
                     out = commlab.reduce_scatter(x, op=op)
@@ -124,17 +128,19 @@ def check_data_movement(checks: Checks, gen, world: int) -> None:
                     abs_sum = gloo_all_reduce(x.abs(), "sum").chunk(world)[rank]
                     assert_reduced(out, x.chunk(world)[rank], ref, op, abs_sum=abs_sum)
             for src in range(world):
-                with checks.case("broadcast", f"{label} src={src}"):
-                    out = commlab.broadcast(x, src=src)
+                algo = MOVE_ALGORITHMS[(src + i) % 2]  # both algorithms, every src over dtypes
+                with checks.case("broadcast", f"{label} src={src} {algo}"):
+                    out = commlab.broadcast(x, src=src, algorithm=algo)
                     ref = wide(x)
                     dist.broadcast(ref, src=src)
                     torch.testing.assert_close(out, ref.to(dtype), rtol=0, atol=0)
                     assert_new_tensor(out, x, "broadcast")
-            with checks.case("all_to_all", label):
-                out = commlab.all_to_all(x)
-                ref = torch.cat([p.chunk(world)[rank] for p in gloo_all_gather(x)]).to(dtype)
-                torch.testing.assert_close(out, ref, rtol=0, atol=0)
-                assert_new_tensor(out, x, "all_to_all")
+            for algo in MOVE_ALGORITHMS:
+                with checks.case("all_to_all", f"{label} {algo}"):
+                    out = commlab.all_to_all(x, algorithm=algo)
+                    ref = torch.cat([p.chunk(world)[rank] for p in gloo_all_gather(x)]).to(dtype)
+                    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+                    assert_new_tensor(out, x, "all_to_all")
             with checks.case("inputs_unchanged", label):
                 assert_unchanged(x, before, "all_gather/reduce_scatter/broadcast/all_to_all")
 
@@ -173,6 +179,9 @@ def check_chunked(checks: Checks, gen, world: int, n: int) -> None:
         with checks.case("chunked", f"all_reduce {algo} n={n}"):
             assert_reduced(commlab.all_reduce(x, algorithm=algo), x, gloo_all_reduce(x, "sum"),
                            "sum", world if algo == "ring" else 1)
+    with checks.case("chunked", f"all_gather copy_engine n={n}"):
+        torch.testing.assert_close(commlab.all_gather(x, algorithm="copy_engine"),
+                                   torch.cat(gloo_all_gather(x)), rtol=0, atol=0)
     with checks.case("chunked", f"all_gather n={n}"):
         torch.testing.assert_close(commlab.all_gather(x), torch.cat(gloo_all_gather(x)),
                                    rtol=0, atol=0)
@@ -239,10 +248,12 @@ def back_to_back_world(comm, seed: int, calls: int) -> dict:
         x = _input(seed, i, rank, dtype, n)
         if op == "all_reduce":
             outs.append(commlab.all_reduce(x, algorithm=algos[extra % 3]))
-        elif op == "broadcast":
-            outs.append(commlab.broadcast(x, src=extra))
+        elif op == "broadcast":  # SM and copy-engine calls mixed: they share the scratch
+            outs.append(commlab.broadcast(x, src=extra, algorithm=MOVE_ALGORITHMS[i % 2]))
         elif op == "barrier":
             outs.append(commlab.barrier())
+        elif op in ("all_gather", "all_to_all"):
+            outs.append(getattr(commlab, op)(x, algorithm=MOVE_ALGORITHMS[i % 2]))
         else:
             outs.append(getattr(commlab, op)(x))
     elapsed = time.monotonic() - start

@@ -69,6 +69,8 @@ def errors_world(comm) -> dict:
             commlab.CommlabUsageError, "'avg'")
     _expect(checks, "unknown_algorithm", lambda: commlab.all_reduce(x, algorithm="tree"),
             commlab.CommlabUsageError, "'tree'", "'ring'")
+    _expect(checks, "unknown_algorithm", lambda: commlab.all_gather(x, algorithm="ring"),
+            commlab.CommlabUsageError, "all_gather", "'ring'", "'copy_engine'")
     for src in (world, -1):
         _expect(checks, "broadcast_src_out_of_range",
                 lambda src=src: commlab.broadcast(x, src=src),
