@@ -7,14 +7,13 @@ documented defaults, from bench/results/2xh200-smoke.txt (2xH200, bf16):
 - two ranks: one-shot up to 2 MiB (graph mode 1 MiB: 9.7 us against two-shot's 11.5),
   two-shot above (16 MiB: 58.9 us against 63.9);
 - more ranks: one-shot up to 256 KiB (it sends (W-1)·N per rank), two-shot above;
-- CPU backend: one-shot up to 64 KiB, two-shot above (the interpreter's cost is per
-  element touched, and one-shot touches W·N).
-
-all_gather, all_to_all, broadcast: ``direct`` (SM pushes) below COPY_ENGINE_MIN_BYTES
-of output, ``copy_engine`` from there on CUDA (a copy engine moves 389-394 GB/s per
-direction on 2xH200 where SM stores reach 355: bench/results/link-ceiling-2xh200.txt;
-below a few MiB the copy engine's per-copy latency and the extra launches lose). The
-CPU backend always uses ``direct`` (the path that shows the device language).
+- CPU backend (Triton's interpreter with commlab's fast path, 2 cores, fp32): one-shot
+  up to 1 MiB (two ranks: 4 MiB), two-shot above. Each call pays a fixed cost of
+  interpreted scalar ops and waits, least for one-shot's single signal round (4 ranks,
+  64 KiB: one-shot 36 ms, two-shot 83, ring 99); one-shot's extra W·N bytes only tell
+  from a few MiB: 4 ranks, 1 MiB 41 ms against two-shot's 79, 4 MiB a tie, 16 MiB
+  two-shot 1.7x faster; 2 ranks, 4 MiB one-shot 18 ms against 26
+  (``torchrun -m commlab.bench --backend cpu --ops all_reduce --sizes ...``).
 """
 
 from __future__ import annotations
@@ -25,12 +24,14 @@ ONE_SHOT_MAX_BYTES = 256 * 1024
 ONE_SHOT_MAX_BYTES_TWO_RANKS = 2 * 1024 * 1024
 
 
-ONE_SHOT_MAX_BYTES_CPU = 64 * 1024
+ONE_SHOT_MAX_BYTES_CPU = 1024 * 1024
+ONE_SHOT_MAX_BYTES_CPU_TWO_RANKS = 4 * 1024 * 1024
 
 
 def default_all_reduce(world_size: int, nbytes: int, backend: str = "cuda") -> str:
-    if backend == "cpu":  # interpreter: cost is per element touched; one-shot touches W·N
-        return "one_shot" if nbytes <= ONE_SHOT_MAX_BYTES_CPU else "two_shot"
+    if backend == "cpu":  # interpreter: a fixed cost per launch, least for one-shot
+        limit = ONE_SHOT_MAX_BYTES_CPU_TWO_RANKS if world_size <= 2 else ONE_SHOT_MAX_BYTES_CPU
+        return "one_shot" if nbytes <= limit else "two_shot"
     limit = ONE_SHOT_MAX_BYTES_TWO_RANKS if world_size <= 2 else ONE_SHOT_MAX_BYTES
     return "one_shot" if nbytes <= limit else "two_shot"
 
