@@ -12,9 +12,9 @@ Protocol of one exchange e (``state[0]``, a device-side counter, so replays of a
 graph get fresh numbers; every rank runs the same exchanges in the same order):
 
     main stream:  begin       state[0] += 1                              (Triton, 1 program)
-    side stream:  barrier     every rank finished the work queued before  (Triton, 1 program)
+                  barrier     every rank finished the work queued before  (Triton, 1 program)
                               this exchange: its inbox is no longer read
-                  per chunk c, per peer p:
+    side stream:  per chunk c, per peer p:
                               inbox@p[me][c] = send[p][c]                (copy engine)
                               flag@p[me][c] = state[0]                   (copy engine, 4 B,
                                                                           queued after the chunk)
@@ -22,12 +22,13 @@ graph get fresh numbers; every rank runs the same exchanges in the same order):
                               out[src][c] = inbox[src][c]                (Triton)
                   barrier     every rank has copied out: the next call's pushes (copy
                               engine or SM, which share the scratch) may land (its own
-                              signal-pad row: the side barrier may still be finishing)
+                              signal-pad row)
                   join the side stream
 
 The inbox is the start of the scratch, which the SM algorithms also use: the two
-barriers (a few µs, off the data path for the first) make mixing algorithms from call
-to call safe. On the CPU backend the same steps run in order on the host (torch copies
+barriers (a few µs each) make mixing algorithms from call to call safe. Nothing an SM
+runs ever waits for a kernel queued behind a spinning one: the copy-out only waits for
+copy-engine writes, and the barriers sit on the main stream before and after it. On the CPU backend the same steps run in order on the host (torch copies
 into the peers' shared memory; x86 stores are seen in order, so a flag is never seen
 before its chunk).
 """
@@ -58,9 +59,9 @@ def ce_begin_kernel(state_ptr):
 
 @triton.jit
 def ce_end_barrier_kernel(ctx):
-    # Launched with 2 programs: program 1 meets on signal-pad row 1, so this barrier (main
-    # stream) never takes a signal meant for the side stream's barrier (row 0), which may
-    # still be consuming its own when this one starts.
+    # Launched with 2 programs: program 1 meets on signal-pad row 1, apart from the
+    # opening barrier's row 0 (both are on the main stream; separate rows keep them
+    # independent should the opening one ever move to another stream).
     if tl.program_id(0) == 1:
         cl.barrier(ctx)
 
@@ -188,9 +189,12 @@ def exchange(comm, sends: dict, own: torch.Tensor | None, out: torch.Tensor, n: 
     if comm.backend == "cuda":
         main = torch.cuda.current_stream(comm.device)
         launch(ce_begin_kernel, (1,), (st.t,), {}, num_warps=1)
+        # The barrier runs on the main stream, before the copy-out: a copy-out spinning on
+        # every SM must never keep a kernel that the peers wait for from being scheduled
+        # (with the barrier on the side stream, a CUDA-graph replay at 16 MiB deadlocked).
+        launch(barrier_kernel, (1,), (comm.context,), {}, num_warps=1)
         st.side.wait_stream(main)
         with torch.cuda.stream(st.side):
-            launch(barrier_kernel, (1,), (comm.context,), {}, num_warps=1)
             push()
         copy_out()
         launch(ce_end_barrier_kernel, (2,), (comm.context,), {}, num_warps=1)
