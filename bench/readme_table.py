@@ -3,8 +3,8 @@
     python bench/readme_table.py bench/results/2xh200-w2.json [--sizes 8,64KiB,1MiB,256MiB,1GiB]
 
 One row per (op, size, mode), bf16: commlab's ``auto`` (with the fastest single commlab
-algorithm at that point in parentheses), NCCL, the best PyTorch symmetric-memory op, and
-busbw. Sizes are total bytes as recorded.
+algorithm at that point in parentheses; the fastest one's time when there is no auto
+record), NCCL, the best PyTorch symmetric-memory op, and busbw. Sizes are total bytes as recorded.
 """
 
 from __future__ import annotations
@@ -40,12 +40,11 @@ def main() -> None:
                 by = {r["impl"]: r for r in rs}
                 singles = {k: r for k, r in by.items()
                            if k.startswith("commlab:") and k != "commlab:auto"}
-                auto = by.get("commlab:auto")
-                if auto is None and len(singles) == 1:
-                    auto = next(iter(singles.values()))
-                if auto is None:
+                if not singles:
                     continue
-                ran = min(singles, key=lambda k: singles[k]["time_us"])[8:] if singles else ""
+                fastest = min(singles, key=lambda k: singles[k]["time_us"])
+                auto = by.get("commlab:auto") or singles[fastest]  # no auto record: fastest
+                ran = fastest[8:]
                 nccl = by.get("nccl")
                 symm = [r for k, r in by.items() if k.startswith("torch_symm_mem:")]
                 best_symm = min((r["time_us"] for r in symm), default=None)

@@ -66,10 +66,12 @@ def language_world(comm) -> dict:
         with checks.case("symm_at_block_store", f"launch {epoch}"):
             want = [left * 1000 + epoch * 100 + i for i in range(N)]
             assert out[:N].tolist() == want, out[:N].tolist()
+        # (read after the launch: the left neighbour may already be in the next one, which
+        # sets flags[0] to epoch + 2 and adds its share to flags[1])
         with checks.case("notify_set_and_wait", f"launch {epoch}"):
-            assert int(flags[0]) == epoch + 1, flags.tolist()
+            assert int(flags[0]) in (epoch + 1, epoch + 2), flags.tolist()
         with checks.case("notify_add", f"launch {epoch}"):
-            assert int(flags[1]) == world * (epoch + 1), flags.tolist()
+            assert world * (epoch + 1) <= int(flags[1]) <= world * (epoch + 2), flags.tolist()
             assert int(out[N]) == world * (epoch + 1), out.tolist()  # scalar symm_at read
     with checks.case("barrier_then_collective", "a collective after a user kernel works"):
         y = commlab.all_reduce(torch.ones(7))

@@ -142,6 +142,10 @@ def link_peak_gbps(comm) -> float | None:
 
 
 def git_commit(root: Path | None = None) -> str:
+    """The checkout's commit (``-dirty`` with uncommitted changes); ``COMMLAB_COMMIT``
+    wins (a copied working tree on a GPU machine may carry a stale .git)."""
+    if os.environ.get("COMMLAB_COMMIT"):
+        return os.environ["COMMLAB_COMMIT"]
     root = root or Path(__file__).resolve().parents[2]
     try:
         sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, text=True,

@@ -14,6 +14,14 @@ documented defaults, from bench/results/2xh200-smoke.txt (2xH200, bf16):
   from a few MiB: 4 ranks, 1 MiB 41 ms against two-shot's 79, 4 MiB a tie, 16 MiB
   two-shot 1.7x faster; 2 ranks, 4 MiB one-shot 18 ms against 26
   (``torchrun -m commlab.bench --backend cpu --ops all_reduce --sizes ...``).
+
+all_gather, all_to_all, broadcast: ``direct`` (SM pushes), except inside a CUDA-graph
+capture, where the tuning table may pick ``copy_engine``. Measured on 2xH200, bf16
+(bench/results/2xh200-w2.json): captured in graphs, the copy engines won only at 1 GiB
+(all_gather 1589 against 1615 µs, all_to_all 1597 against 1634, broadcast 2971 against
+3073); called eagerly they lost everywhere (1 GiB all_gather 2297 against 1797 µs: each
+exchange enqueues two copies per chunk and peer, host work the GPU waits for). The CPU
+backend always uses ``direct`` (the path that shows the device language).
 """
 
 from __future__ import annotations
@@ -41,13 +49,23 @@ def choose_all_reduce(comm, dtype, nbytes: int) -> str:
         comm.world_size, nbytes, comm.backend)
 
 
-COPY_ENGINE_MIN_BYTES = 32 << 20
-
-
-def default_move(nbytes: int, backend: str = "cuda") -> str:
-    return "copy_engine" if backend == "cuda" and nbytes >= COPY_ENGINE_MIN_BYTES else "direct"
-
-
 def choose_move(comm, op: str, dtype, nbytes: int) -> str:
-    """all_gather / all_to_all / broadcast; ``nbytes`` is the output's size."""
-    return lookup(comm, op, dtype, nbytes) or default_move(nbytes, comm.backend)
+    """all_gather / all_to_all / broadcast; ``nbytes`` is the output's size. The tuning
+    table (measured in CUDA graphs) is consulted only while a graph is being captured."""
+    if comm.backend != "cuda":
+        return "direct"
+    import torch
+
+    if not torch.cuda.is_current_stream_capturing():
+        return "direct"
+    return lookup(comm, op, dtype, nbytes) or "direct"
+
+
+def capturing_auto(comm, algorithm: str) -> bool:
+    """An auto call inside a CUDA-graph capture: it must choose afresh (choose_move), not
+    replay a launch plan an eager call of the same shape left behind."""
+    if algorithm != "auto" or comm.backend != "cuda":
+        return False
+    import torch
+
+    return torch.cuda.is_current_stream_capturing()

@@ -32,7 +32,7 @@ from commlab.collectives._common import (
 )
 from commlab.collectives._launch import launch
 from commlab.collectives._plan import fast_call, remember
-from commlab.collectives._select import choose_move
+from commlab.collectives._select import capturing_auto, choose_move
 
 
 @triton.jit
@@ -98,7 +98,7 @@ def all_gather(x: torch.Tensor, algorithm: str = "auto") -> torch.Tensor:
     key = None
     if isinstance(x, torch.Tensor):
         key = ("all_gather", x.shape, x.dtype, x.device, algorithm)
-        out = fast_call(comm, key, x)
+        out = None if capturing_auto(comm, algorithm) else fast_call(comm, key, x)
         if out is not None:
             return out
     err = check_local("all_gather", comm, x, algorithm=algorithm)

@@ -36,7 +36,7 @@ from commlab.collectives._common import (
 )
 from commlab.collectives._launch import launch
 from commlab.collectives._plan import fast_call, remember
-from commlab.collectives._select import choose_move
+from commlab.collectives._select import capturing_auto, choose_move
 
 
 @triton.jit
@@ -93,7 +93,7 @@ def broadcast(x: torch.Tensor, src: int = 0, algorithm: str = "auto") -> torch.T
     key = None
     if isinstance(x, torch.Tensor):
         key = ("broadcast", x.shape, x.dtype, x.device, src, algorithm)
-        out = fast_call(comm, key, x)
+        out = None if capturing_auto(comm, algorithm) else fast_call(comm, key, x)
         if out is not None:
             return out
     err = check_local("broadcast", comm, x, src=src, algorithm=algorithm)
