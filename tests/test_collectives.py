@@ -58,6 +58,10 @@ def test_all_gather_matches_gloo(results, world_size):
     assert_checks(results(world_size), "all_gather")
 
 
+def test_copy_engine_exchanges_keep_their_state_in_the_flag_area(results):
+    assert_checks(results(2), "copy_engine_state")
+
+
 @pytest.mark.parametrize("world_size", WORLDS)
 def test_reduce_scatter_matches_gloo_for_sum_max_min(results, world_size):
     assert_checks(results(world_size), "reduce_scatter")

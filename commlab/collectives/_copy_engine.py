@@ -28,9 +28,9 @@ graph get fresh numbers; every rank runs the same exchanges in the same order):
 The inbox is the start of the scratch, which the SM algorithms also use: the two
 barriers (a few µs each) make mixing algorithms from call to call safe. Nothing an SM
 runs ever waits for a kernel queued behind a spinning one: the copy-out only waits for
-copy-engine writes, and the barriers sit on the main stream before and after it. On the CPU backend the same steps run in order on the host (torch copies
-into the peers' shared memory; x86 stores are seen in order, so a flag is never seen
-before its chunk).
+copy-engine writes, and the barriers sit on the main stream before and after it. On the
+CPU backend the same steps run in order on the host (torch copies into the peers' shared
+memory; x86 stores are seen in order, so a flag is never seen before its chunk).
 """
 
 from __future__ import annotations
@@ -46,9 +46,10 @@ import commlab.language as cl
 from commlab.collectives._common import launch_for, slot_elems
 from commlab.collectives._launch import launch
 from commlab.collectives.barrier import barrier_kernel
+from commlab.runtime.heap import CE_FLAGS_INTS, CE_FLAGS_OFFSET, MAX_CE_CHUNKS
 from commlab.runtime.peer import peer_view
 
-MAX_CHUNKS = 16  # flags per (source, exchange)
+MAX_CHUNKS = MAX_CE_CHUNKS  # flags per (source, exchange)
 CHUNK_BYTES = 16 << 20  # at least this much per copy-engine copy (its launch costs ~µs)
 
 
@@ -73,7 +74,7 @@ def ce_copy_out_kernel(
     out_ptr,  # rows of N at stride OUT_STRIDE (0: every source writes the same row)
     # Symmetric buffers
     inbox_ptr,  # [W, CAP]: row src is written by rank src's copy engine
-    state_ptr,  # int32 [1 + W * MAX_CHUNKS]: exchange counter, then flags
+    state_ptr,  # int32 [1 + MAX_WORLD * MAX_CHUNKS]: exchange counter, then flags
     ctx,
     # Sizes
     N,
@@ -116,7 +117,7 @@ def ce_copy_out_kernel(
 @dataclass
 class _State:
     comm: object
-    t: torch.Tensor  # int32 [1 + W * MAX_CHUNKS], symmetric
+    t: torch.Tensor  # int32 [1 + MAX_WORLD * MAX_CHUNKS] in the flag area: counter, flags
     side: object  # torch.cuda.Stream (CUDA) or None
     views: dict = field(default_factory=dict)  # (peer, addr, numel, dtype) -> peer view
 
@@ -134,13 +135,13 @@ _STATES: dict[int, _State] = {}
 
 
 def _state(comm) -> _State:
-    """This communicator's counter/ack/flag block (allocated collectively on first use:
-    every rank reaches its first copy-engine exchange in the same call)."""
-    from commlab.runtime.communicator import symmetric_zeros
-
+    """This communicator's exchange counter and flags: a fixed part of the heap's flag
+    area (zeroed at init and by ``comm.recover()``), so a first exchange inside a
+    CUDA-graph capture allocates nothing and zeroes nothing."""
     st = _STATES.get(id(comm))
     if st is None or st.comm is not comm:
-        t = symmetric_zeros((1 + comm.world_size * MAX_CHUNKS,), torch.int32)
+        lay = comm.heap.layout
+        t = comm.heap.region(lay.flags + CE_FLAGS_OFFSET, 4 * CE_FLAGS_INTS, torch.int32)
         side = torch.cuda.Stream(comm.device) if comm.backend == "cuda" else None
         st = _STATES[id(comm)] = _State(comm, t, side)
     return st

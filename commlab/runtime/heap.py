@@ -27,15 +27,22 @@ ALIGN = 256
 MAX_WORLD = 64
 MAX_BARRIER_BLOCKS = 256
 SIGNAL_PAD_BYTES = MAX_BARRIER_BLOCKS * MAX_WORLD * 4  # int32 per (block, peer)
-# call counters, then two banks of arrival slots [program, source rank] (collectives/_sync.py)
-FLAGS_BYTES = (MAX_BARRIER_BLOCKS + 2 * MAX_BARRIER_BLOCKS * MAX_WORLD) * 4
-
-
-assert (SIGNAL_PAD_BYTES + FLAGS_BYTES) % ALIGN == 0, "scratch must start ALIGN-aligned"
+MAX_CE_CHUNKS = 16
 
 
 def _round_up(n: int, a: int = ALIGN) -> int:
     return (n + a - 1) // a * a
+
+
+# call counters, then two banks of arrival slots [program, source rank] (collectives/_sync.py),
+# then the copy-engine exchanges' counter and flags [source rank, chunk] (_copy_engine.py):
+# zeroed at init and by recover(), never allocated inside a CUDA-graph capture
+CE_FLAGS_OFFSET = (MAX_BARRIER_BLOCKS + 2 * MAX_BARRIER_BLOCKS * MAX_WORLD) * 4
+CE_FLAGS_INTS = 1 + MAX_WORLD * MAX_CE_CHUNKS
+FLAGS_BYTES = CE_FLAGS_OFFSET + _round_up(CE_FLAGS_INTS * 4)
+
+
+assert (SIGNAL_PAD_BYTES + FLAGS_BYTES) % ALIGN == 0, "scratch must start ALIGN-aligned"
 
 
 def _fmt_bytes(n: int) -> str:

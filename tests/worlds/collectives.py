@@ -204,6 +204,14 @@ def collectives_world(comm, seed: int, chunked_n: int = 0) -> dict:
     gen = _gen(seed, comm.rank)
     world = comm.world_size
     check_all_reduce(checks, gen, world)
+    with checks.case("copy_engine_state", "the first copy-engine exchange allocates nothing"):
+        # its counter and flags live in the heap's flag area: a first exchange inside a
+        # CUDA-graph capture must not allocate (or zero) anything
+        free = comm.heap.arena.free_bytes
+        x = random_tensor(gen, (world * 5,), torch.float32)
+        torch.testing.assert_close(commlab.all_gather(x, algorithm="copy_engine"),
+                                   torch.cat(gloo_all_gather(x)), rtol=0, atol=0)
+        assert comm.heap.arena.free_bytes == free
     check_data_movement(checks, gen, world)
     check_shapes_and_layouts(checks, gen, world)
     check_outputs_survive_later_calls(checks, gen, world)
