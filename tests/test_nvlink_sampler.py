@@ -58,13 +58,23 @@ def test_sampler_turns_reader_counters_into_edge_rates_and_stops_its_process():
 
 def test_a_reader_that_dies_is_reported_with_its_exit_code():
     topo = T.sample("2xh200-nv18")
-    s = NvlinkSampler(topo, lambda r: None, interval=0.05,
+    told = []
+    s = NvlinkSampler(topo, lambda r: None, interval=0.05, on_error=told.append,
                       source="tests.test_nvlink_sampler:failing_counters").start()
     try:
         assert _wait(lambda: s.error is not None)
     finally:
         s.stop()
     assert "exited with code" in s.error and "NVML exploded" in s.error
+    assert told == [s.error]
+
+
+def test_the_explorer_shows_why_live_rates_stopped():
+    from commlab.widgets import TopologyExplorer
+
+    x = TopologyExplorer(T.sample("2xh200-nv18"))
+    x.show_error("the NVLink counter reader (pid 1) exited with code 1: <boom>")
+    assert "exited with code 1" in x.status.value and "&lt;boom&gt;" in x.status.value
 
 
 def test_sampler_refuses_a_topology_without_link_indices():

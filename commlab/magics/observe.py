@@ -185,7 +185,7 @@ class ObserveMagics(Magics):
 
         if _SAMPLER is not None:
             _SAMPLER.stop()
-        return NvlinkSampler(topo, explorer.set_rates).start()
+        return NvlinkSampler(topo, explorer.set_rates, on_error=explorer.show_error).start()
 
     @magic_arguments()
     @argument("--sizes", type=size_list, default=None, metavar="4K,64K,1M",

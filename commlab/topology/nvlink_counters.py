@@ -56,12 +56,14 @@ class NvlinkSampler:
     counters every ``interval`` seconds; a thread here turns each pair of samples into
     ``{edge key: GB/s}`` for ``callback``. If the reader dies, ``error`` says how."""
 
-    def __init__(self, topology, callback, interval: float = 0.1, source: str | None = None):
+    def __init__(self, topology, callback, interval: float = 0.1, source: str | None = None,
+                 on_error=None):
         self.links = link_map(topology)
         if not self.links:
             raise RuntimeError("NvlinkSampler: this topology has no NVLink links with link "
                                "indices (recorded without NVML?); discover() on the GPU host")
         self.callback, self.interval, self._source = callback, interval, source
+        self.on_error = on_error  # called with ``error`` if the reader dies
         self.last: dict = {}
         self.error: str | None = None
         self.samples = 0
@@ -97,6 +99,8 @@ class NvlinkSampler:
             tail = " | ".join(proc.stderr.read().strip().splitlines()[-3:])
             self.error = (f"the NVLink counter reader (pid {proc.pid}) exited with code "
                           f"{rc}: {tail or 'no message'}; live rates stopped")
+            if self.on_error is not None:
+                self.on_error(self.error)
 
     def stop(self) -> None:
         """End the reader (by its pid, through our handle) and the thread."""

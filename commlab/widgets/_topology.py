@@ -222,6 +222,10 @@ class TopologyExplorer:
         self.status.value = f"<b>{name}</b>: {route(name, w).description}" if name else ""
         self._redraw()
 
+    def show_error(self, message: str) -> None:
+        """Say in the explorer why live rates stopped (``NvlinkSampler``'s ``on_error``)."""
+        self.status.value = f"<small style='color:#b00'>{html.escape(message)}</small>"
+
     def set_rates(self, rates) -> None:
         """Paint live GB/s per edge key (from ``NvlinkSampler``); batched by the pump."""
         from commlab.widgets._pump import PUMP
