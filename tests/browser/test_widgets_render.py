@@ -1,4 +1,5 @@
-"""The three widgets render in a real browser: JupyterLab + headless Chromium.
+"""In a real browser (JupyterLab + headless Chromium): the three widgets render, and a
+breakpoint on a rank is answered through JupyterLab's own input box.
 
 The test starts JupyterLab on 127.0.0.1 (random port, token auth, its own temp dirs),
 opens a notebook that starts a 2-rank CPU world and shows the topology explorer, the
@@ -49,9 +50,19 @@ CELLS = [
 EXPECTED_PLOTS = 5  # topology x2, linkbench heatmap + curve, timeline
 
 
-def _notebook(path: Path) -> None:
+DEBUG_CELLS = [
+    "%load_ext commlab",
+    "%dist_start -n 2 --backend cpu",
+    "%%distributed\nx = 41\nif rank == 1:\n    breakpoint()\n"
+    "print('after the breakpoint on', rank)",
+    "%dist_stop",
+    f"print('{DONE}')",
+]
+
+
+def _notebook(path: Path, cells=CELLS) -> None:
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(c) for c in CELLS]
+    nb.cells = [nbformat.v4.new_code_cell(c) for c in cells]
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
                                  "language": "python"}
     nbformat.write(nb, path)
@@ -134,12 +145,66 @@ def _wait_for_text(page, needle: str, timeout: float) -> None:
                 f"{SHOTS / 'timeout.png'}); it shows:\n{page.inner_text('.jp-Notebook')[-3000:]}")
 
 
+def _open_and_run_all(page, base: str, token: str, name: str) -> None:
+    """Open notebook ``name`` in JupyterLab, wait for its kernel, Run All Cells."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    page.goto(f"{base}/lab/tree/{name}?token={token}")
+    page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
+    try:  # JupyterLab may ask which kernel to start: the notebook's own
+        page.get_by_role("button", name="Select", exact=True).click(timeout=10_000)
+    except PlaywrightTimeout:
+        pass
+    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']",
+                           timeout=60_000)
+    page.get_by_role("menuitem", name="Run", exact=True).click()
+    page.get_by_text("Run All Cells", exact=True).click()
+
+
+def _answer_prompt(page, expect: str, answer: str, timeout_ms: int = 120_000) -> str:
+    """Wait for the notebook's own input box (a stdin request), check its prompt, type
+    ``answer`` + Enter; returns the prompt text."""
+    box = page.locator(".jp-Stdin-input").last
+    box.wait_for(state="visible", timeout=timeout_ms)
+    prompt = page.locator(".jp-Stdin-prompt").last.inner_text()
+    assert expect in prompt, prompt
+    box.fill(answer)
+    box.press("Enter")
+    page.wait_for_timeout(300)
+    return prompt
+
+
+@pytest.mark.browser
+@pytest.mark.timeout(300)
+def test_breakpoint_on_a_rank_is_answered_through_jupyterlabs_input_box(jupyterlab):
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"{CHROMIUM} missing: apt-get install -y chromium")
+    from playwright.sync_api import sync_playwright
+
+    base, token, root = jupyterlab
+    _notebook(root / "debug.ipynb", DEBUG_CELLS)
+    SHOTS.mkdir(exist_ok=True)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            _open_and_run_all(page, base, token, "debug.ipynb")
+            _answer_prompt(page, "[rank 1] (Pdb)", "p x + 1")
+            page.screenshot(path=str(SHOTS / "debugger-prompt.png"))
+            _answer_prompt(page, "[rank 1] (Pdb)", "c")
+            _wait_for_text(page, DONE, 120)
+            text = page.inner_text(".jp-Notebook")
+        finally:
+            browser.close()
+    assert "42" in text, text[-3000:]  # the (Pdb) command ran on rank 1
+    assert "after the breakpoint on" in text and "Traceback" not in text, text[-3000:]
+
+
 @pytest.mark.browser
 @pytest.mark.timeout(300)
 def test_topology_linkbench_and_timeline_render_in_jupyterlab(jupyterlab):
     if not os.path.exists(CHROMIUM):
         pytest.skip(f"{CHROMIUM} missing: apt-get install -y chromium")
-    from playwright.sync_api import TimeoutError as PlaywrightTimeout
     from playwright.sync_api import sync_playwright
 
     base, token, root = jupyterlab
@@ -149,16 +214,7 @@ def test_topology_linkbench_and_timeline_render_in_jupyterlab(jupyterlab):
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.goto(f"{base}/lab/tree/observe.ipynb?token={token}")
-            page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
-            try:  # JupyterLab may ask which kernel to start: the notebook's own
-                page.get_by_role("button", name="Select", exact=True).click(timeout=10_000)
-            except PlaywrightTimeout:
-                pass
-            page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']",
-                                   timeout=60_000)
-            page.get_by_role("menuitem", name="Run", exact=True).click()
-            page.get_by_text("Run All Cells", exact=True).click()
+            _open_and_run_all(page, base, token, "observe.ipynb")
             _wait_for_text(page, DONE, 240)
             try:
                 page.wait_for_function(
