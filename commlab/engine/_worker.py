@@ -43,10 +43,11 @@ def join(rank: int, world_size: int, port: int, backend: str, device: int,
 
 
 def _arm_stack_dump(*_info) -> None:
-    """SIGUSR1 -> every thread's Python stack into the stack file (the hang report).
-    Armed again after ``commlab.init`` and before each cell: on a CUDA world the rank's
-    stack once came back empty (a library taking SIGUSR1 after us, we believe), and
-    re-registering is one sigaction call."""
+    """SIGUSR1 -> every thread's Python stack into the stack file (the hang report),
+    which works even while the rank is blocked in C. Armed again after ``commlab.init``
+    and before each cell, in case a library took the signal (one sigaction call). On
+    CUDA worlds on 2xH200 the signal still brought nothing back, for reasons not found;
+    the FIFO watcher below covers that case."""
     if _STACK_FILE is not None:
         faulthandler.register(signal.SIGUSR1, file=_STACK_FILE, all_threads=True, chain=False)
 
