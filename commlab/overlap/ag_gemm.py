@@ -21,9 +21,11 @@ Why no barrier: the gathered buffer is double-buffered by call parity. A push in
 slot e % 2 on peer p is queued after our GEMM of call e-1, which waited for p's chunk
 of call e-1, which p pushed after its GEMM of call e-2 — the last reader of that slot.
 
-When it wins (2xH200, bf16, Llama-3 MLP shapes, bench/gpu_overlap.py): M >= 2048,
-4-12% faster than NCCL all-gather + torch.matmul, hiding 57-80% of the all-gather; at
-M=512 it is 2x slower (too few tiles) and ``algorithm="auto"`` runs sequentially
+When it wins (2xH200, bf16, Llama-3 MLP shapes, bench/gpu_overlap.py at 02166d0,
+bench/results/overlap-2xh200-w2.json): M >= 2048, 4-13% faster than NCCL all-gather +
+torch.matmul and hiding 77-86% of the all-gather (65% for 8B at M=8192); within 1% of
+PyTorch's fused_all_gather_matmul or faster (8B M=2048: 318 against 363 µs). At M=512 it
+is up to 2.2x slower (too few tiles) and ``algorithm="auto"`` runs sequentially
 (``commlab.overlap._dispatch``).
 """
 

@@ -30,9 +30,11 @@ Why no barrier: part is double-buffered by call parity. Peer p overwrites slot e
 call e+2, after its GEMM of call e+1, which waited for our tiles of call e+1, which our
 launch e+1 computed after our launch e (the reader of p's slot) had finished.
 
-When it wins (2xH200, bf16, Llama-3 MLP shapes, bench/gpu_overlap.py): M >= 2048,
-7-14% faster than torch.matmul + NCCL reduce-scatter and 2-4% faster than PyTorch's
-fused_matmul_reduce_scatter, hiding 53-71% of the reduce-scatter; at M=512 the few
+When it wins (2xH200, bf16, Llama-3 MLP shapes, bench/gpu_overlap.py at 02166d0,
+bench/results/overlap-2xh200-w2.json): barely. At M >= 2048 it is between 1% slower and
+4% faster than torch.matmul + NCCL reduce-scatter (hiding -3 to 36% of the collective)
+and 0.7-12% slower than PyTorch's fused_matmul_reduce_scatter; an earlier run of this
+same kernel measured 181 µs for 8B at M=2048 (now 209), unexplained. At M=512 the few
 tiles leave SMs idle and ``algorithm="auto"`` runs sequentially.
 """
 
