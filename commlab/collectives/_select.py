@@ -19,8 +19,8 @@ all_gather, all_to_all, broadcast: ``direct`` (SM pushes), except inside a CUDA-
 capture, where the tuning table may pick ``copy_engine``. Measured on 2xH200, bf16
 (bench/results/2xh200-w2.json): captured in graphs, the copy engines won only at 1 GiB
 (all_gather 1589 against 1615 µs, all_to_all 1597 against 1634, broadcast 2971 against
-3073); called eagerly they lost everywhere (1 GiB all_gather 2297 against 1797 µs: each
-exchange enqueues two copies per chunk and peer, host work the GPU waits for). The CPU
+3073); called eagerly they lost everywhere (1 GiB all_gather 2297 against 1797 µs;
+likely the host work of enqueuing two copies per chunk and peer, not measured). The CPU
 backend always uses ``direct`` (the path that shows the device language).
 """
 
