@@ -26,6 +26,8 @@ backend always uses ``direct`` (the path that shows the device language).
 
 from __future__ import annotations
 
+import torch
+
 from commlab.tuning import lookup
 
 ONE_SHOT_MAX_BYTES = 256 * 1024
@@ -52,11 +54,7 @@ def choose_all_reduce(comm, dtype, nbytes: int) -> str:
 def choose_move(comm, op: str, dtype, nbytes: int) -> str:
     """all_gather / all_to_all / broadcast; ``nbytes`` is the output's size. The tuning
     table (measured in CUDA graphs) is consulted only while a graph is being captured."""
-    if comm.backend != "cuda":
-        return "direct"
-    import torch
-
-    if not torch.cuda.is_current_stream_capturing():
+    if comm.backend != "cuda" or not torch.cuda.is_current_stream_capturing():
         return "direct"
     return lookup(comm, op, dtype, nbytes) or "direct"
 
@@ -64,8 +62,5 @@ def choose_move(comm, op: str, dtype, nbytes: int) -> str:
 def capturing_auto(comm, algorithm: str) -> bool:
     """An auto call inside a CUDA-graph capture: it must choose afresh (choose_move), not
     replay a launch plan an eager call of the same shape left behind."""
-    if algorithm != "auto" or comm.backend != "cuda":
-        return False
-    import torch
-
-    return torch.cuda.is_current_stream_capturing()
+    return (algorithm == "auto" and comm.backend == "cuda"
+            and torch.cuda.is_current_stream_capturing())

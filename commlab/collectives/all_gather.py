@@ -25,18 +25,14 @@ import triton.language as tl
 import commlab.language as cl
 from commlab.collectives import _copy_engine, _sync
 from commlab.collectives._common import (
-    agree,
-    check_local,
     comm_or_raise,
     launch_for,
     peer_ptr,
     rounds_for,
     slot_elems,
-    traced,
 )
 from commlab.collectives._launch import launch
-from commlab.collectives._plan import fast_call, remember
-from commlab.collectives._select import capturing_auto, choose_move
+from commlab.collectives._move import run_move
 
 
 @triton.jit
@@ -98,35 +94,20 @@ def all_gather(x: torch.Tensor, algorithm: str = "auto") -> torch.Tensor:
     ``x`` must have the same shape and dtype on every rank; returns a new tensor of shape
     ``[world_size * x.shape[0], *x.shape[1:]]``. ``algorithm``: "direct" (SM pushes, this
     file), "copy_engine" (DMA, ``_copy_engine``) or "auto" (``_select``)."""
-    comm = comm_or_raise()
-    key = None
-    if isinstance(x, torch.Tensor):
-        key = ("all_gather", x.shape, x.dtype, x.device, algorithm)
-        out = None if capturing_auto(comm, algorithm) else fast_call(comm, key, x)
-        if out is not None:
-            return out
-    err = check_local("all_gather", comm, x, algorithm=algorithm)
-    if not err and x.dim() == 0:
-        err = "needs a tensor with at least one dimension, got a 0-d tensor; pass x.reshape(1)"
-    call = agree("all_gather", x, err, algorithm=algorithm)
-    x = call.x.contiguous()
-    world = comm.world_size
+    world = comm_or_raise().world_size
 
     def make_out(t):
         return torch.empty((world * t.shape[0], *t.shape[1:]), dtype=t.dtype, device=t.device)
 
-    out = make_out(x)
-    nbytes = x.numel() * x.element_size() * world
-    algo = choose_move(comm, "all_gather", x.dtype, nbytes) if algorithm == "auto" else algorithm
-    if x.numel() == 0:
-        return out
-    body = _all_gather if algo == "direct" else _all_gather_ce
-    launched: list = []
-    with traced("all_gather", nbytes, algo, comm.device):
-        body(comm, x, out, launched)
-    remember(comm, key, call, algorithm=algo, nbytes=nbytes, launched=launched,
-             make_out=make_out, slow=lambda a, b: body(comm, a, b))
-    return out
+    return run_move("all_gather", x, algorithm,
+                    {"direct": _all_gather, "copy_engine": _all_gather_ce},
+                    make_out=make_out, extra_rule=_not_0d)
+
+
+def _not_0d(x: torch.Tensor) -> str:
+    if x.dim() == 0:
+        return "needs a tensor with at least one dimension, got a 0-d tensor; pass x.reshape(1)"
+    return ""
 
 
 def _all_gather_ce(comm, x: torch.Tensor, out: torch.Tensor, record: list | None = None) -> None:

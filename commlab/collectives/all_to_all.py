@@ -24,18 +24,13 @@ import triton.language as tl
 import commlab.language as cl
 from commlab.collectives import _copy_engine, _sync
 from commlab.collectives._common import (
-    agree,
-    check_local,
-    comm_or_raise,
     launch_for,
     peer_ptr,
     rounds_for,
     slot_elems,
-    traced,
 )
 from commlab.collectives._launch import launch
-from commlab.collectives._plan import fast_call, remember
-from commlab.collectives._select import capturing_auto, choose_move
+from commlab.collectives._move import run_move
 
 
 @triton.jit
@@ -98,28 +93,9 @@ def all_to_all(x: torch.Tensor, algorithm: str = "auto") -> torch.Tensor:
     """Exchange chunks: dim 0 in ``world_size`` chunks, chunk j goes to rank j; the result
     holds, in rank order, the chunk each rank sent here. ``algorithm``: "direct" (SM
     pushes), "copy_engine" (DMA, ``_copy_engine``) or "auto" (``_select``)."""
-    comm = comm_or_raise()
-    key = None
-    if isinstance(x, torch.Tensor):
-        key = ("all_to_all", x.shape, x.dtype, x.device, algorithm)
-        out = None if capturing_auto(comm, algorithm) else fast_call(comm, key, x)
-        if out is not None:
-            return out
-    err = check_local("all_to_all", comm, x, split_dim0=True, algorithm=algorithm)
-    call = agree("all_to_all", x, err, algorithm=algorithm)
-    x = call.x.contiguous()
-    out = torch.empty_like(x)
-    nbytes = x.numel() * x.element_size()
-    algo = choose_move(comm, "all_to_all", x.dtype, nbytes) if algorithm == "auto" else algorithm
-    if x.numel() == 0:
-        return out
-    body = _all_to_all if algo == "direct" else _all_to_all_ce
-    launched: list = []
-    with traced("all_to_all", nbytes, algo, comm.device):
-        body(comm, x, out, launched)
-    remember(comm, key, call, algorithm=algo, nbytes=nbytes, launched=launched,
-             make_out=torch.empty_like, slow=lambda a, b: body(comm, a, b))
-    return out
+    return run_move("all_to_all", x, algorithm,
+                    {"direct": _all_to_all, "copy_engine": _all_to_all_ce},
+                    rules={"split_dim0": True})
 
 
 def _all_to_all_ce(comm, x, out, record: list | None = None) -> None:

@@ -32,18 +32,13 @@ import triton.language as tl
 import commlab.language as cl
 from commlab.collectives import _copy_engine, _sync
 from commlab.collectives._common import (
-    agree,
-    check_local,
-    comm_or_raise,
     launch_for,
     peer_ptr,
     rounds_for,
     slot_elems,
-    traced,
 )
 from commlab.collectives._launch import launch
-from commlab.collectives._plan import fast_call, remember
-from commlab.collectives._select import capturing_auto, choose_move
+from commlab.collectives._move import run_move
 
 
 @triton.jit
@@ -96,28 +91,9 @@ def broadcast(x: torch.Tensor, src: int = 0, algorithm: str = "auto") -> torch.T
     """Return a copy of rank ``src``'s ``x`` on every rank (``x`` gives shape and dtype
     elsewhere and must match src's). ``algorithm``: "direct" (SM pushes), "copy_engine"
     (DMA, ``_copy_engine``) or "auto" (``_select``)."""
-    comm = comm_or_raise()
-    key = None
-    if isinstance(x, torch.Tensor):
-        key = ("broadcast", x.shape, x.dtype, x.device, src, algorithm)
-        out = None if capturing_auto(comm, algorithm) else fast_call(comm, key, x)
-        if out is not None:
-            return out
-    err = check_local("broadcast", comm, x, src=src, algorithm=algorithm)
-    call = agree("broadcast", x, err, src=src, algorithm=algorithm)
-    x = call.x.contiguous()
-    out = torch.empty_like(x)
-    nbytes = x.numel() * x.element_size()
-    algo = choose_move(comm, "broadcast", x.dtype, nbytes) if algorithm == "auto" else algorithm
-    if x.numel() == 0:
-        return out
-    body = _broadcast if algo == "direct" else _broadcast_ce
-    launched: list = []
-    with traced("broadcast", nbytes, algo, comm.device):
-        body(comm, x, out, src, launched)
-    remember(comm, key, call, algorithm=algo, nbytes=nbytes, launched=launched,
-             make_out=torch.empty_like, slow=lambda a, b: body(comm, a, b, src))
-    return out
+    return run_move("broadcast", x, algorithm,
+                    {"direct": _broadcast, "copy_engine": _broadcast_ce},
+                    rules={"src": src}, fields={"src": src})
 
 
 def _broadcast_ce(comm, x, out, src: int, record: list | None = None) -> None:
