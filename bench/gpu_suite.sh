@@ -19,18 +19,7 @@ PY=${PYTHON:-python}
 NGPU=${NGPU:-2}
 RUN="$PY -m torch.distributed.run --standalone --nproc-per-node $NGPU"
 SIZES=8,64,1KiB,8KiB,64KiB,256KiB,1MiB,4MiB,16MiB,64MiB,256MiB,1GiB
-status=0
-STEPS=${STEPS:-all}  # e.g. STEPS="tests bench": run only the steps whose tag is listed
-step() {  # step TAG NAME SECONDS CMD...: run with a time limit, keep going, remember failures
-  local tag=$1 name=$2 limit=$3; shift 3
-  if [ "$STEPS" != all ] && [[ " $STEPS " != *" $tag "* ]]; then echo "=== $name: skipped"; return; fi
-  echo "=== $name (limit ${limit}s) $(date -u +%H:%M:%S)"
-  local t0=$SECONDS
-  timeout --signal=INT --kill-after=15 "$limit" "$@"
-  local rc=$?
-  echo "=== $name: exit $rc after $((SECONDS - t0)) s"
-  [ $rc -ne 0 ] && status=1
-}
+source bench/_steps.sh  # step TAG NAME SECONDS CMD..., STEPS, status
 $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, \
 'gpus', torch.cuda.device_count(), torch.cuda.get_device_name(0))"
 step tests "gpu tests" 150 $PY -m pytest -m gpu -q -p no:cacheprovider -rs tests
