@@ -22,11 +22,11 @@ os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
 
 import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 import commlab  # noqa: E402
+from commlab.bench._timing import time_back_to_back  # noqa: E402
 from commlab.collectives import _sync  # noqa: E402
 from commlab.collectives._common import peer_ptr  # noqa: E402
 from commlab.runtime.peer import peer_view  # noqa: E402
@@ -59,22 +59,6 @@ def move_kernel(x_ptr, scratch_ptr, out_ptr, ctx, N, ACTIVE_ALL: tl.constexpr,
     _sync.end_call(ctx, n)
 
 
-def timeit(comm, fn, iters: int) -> float:
-    for _ in range(2):
-        fn()
-    torch.cuda.synchronize()
-    dist.barrier(group=comm.cpu_group)
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record()
-    for _ in range(iters):
-        fn()
-    e.record()
-    torch.cuda.synchronize()
-    t = torch.tensor([s.elapsed_time(e) * 1e3 / iters], dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=comm.cpu_group)
-    return float(t.item())
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="")
@@ -89,9 +73,9 @@ def main() -> None:
         x = torch.ones(n, device=dev, dtype=torch.bfloat16)
         out = torch.empty_like(x)
         scratch = comm.scratch(nbytes, torch.bfloat16)
-        t = timeit(comm, lambda: move_kernel[(programs,)](
+        t = time_back_to_back(lambda: move_kernel[(programs,)](
             x, scratch, out, comm.context, n, ACTIVE_ALL=both, PULL=pull, BLOCK=block,
-            num_warps=warps), args.iters)
+            num_warps=warps), args.iters, group=comm.cpu_group)
         kind = ("pull" if pull else "push") + (" both" if both else " one")
         rows.append((nbytes, f"SM {kind}", f"{programs} prog x {block} el x {warps} warps", t))
         return t
@@ -102,8 +86,8 @@ def main() -> None:
         scratch = comm.scratch(nbytes, torch.bfloat16)
         dst = peer_view(comm, scratch, (comm.rank + 1) % comm.world_size)
         active = both or comm.rank == 0
-        t = timeit(comm, (lambda: dst.copy_(x, non_blocking=True)) if active else (lambda: None),
-                   args.iters)
+        copy = (lambda: dst.copy_(x, non_blocking=True)) if active else (lambda: None)
+        t = time_back_to_back(copy, args.iters, group=comm.cpu_group)
         rows.append((nbytes, "copy engine " + ("both" if both else "one"), "peer_view.copy_", t))
 
     S = 256 << 20

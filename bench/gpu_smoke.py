@@ -21,6 +21,7 @@ import triton.language as tl  # noqa: E402
 
 import commlab  # noqa: E402
 import commlab.language as cl  # noqa: E402
+from commlab.bench._timing import time_back_to_back  # noqa: E402
 
 
 @triton.jit
@@ -148,17 +149,7 @@ def bench(comm):
             if r == 0:
                 print("symm_mem unavailable:", e)
         for name, fn in impls.items():
-            for _ in range(3):
-                fn()
-            torch.cuda.synchronize()
-            dist.barrier()
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            for _ in range(iters):
-                fn()
-            e.record()
-            torch.cuda.synchronize()
-            us = s.elapsed_time(e) * 1e3 / iters
+            us = time_back_to_back(fn, iters, warmup=3)
             rows.append((nbytes, name, us, nbytes / us / 1e3))
     # graph mode at small sizes: 20 calls per graph, time replays
     for nbytes in (8, 64 << 10, 1 << 20):

@@ -16,43 +16,11 @@ os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
+from gpu_link_ceiling import move_kernel  # noqa: E402 (bench/: the push-only kernel)
 
 import commlab  # noqa: E402
-from commlab.collectives import _common, _sync  # noqa: E402
-from commlab.collectives._common import peer_ptr  # noqa: E402
-
-
-@triton.jit
-def push_only_kernel(x_ptr, scratch_ptr, ctx, N, BLOCK: tl.constexpr):
-    pid = tl.program_id(0)
-    nprog = tl.num_programs(0)
-    me = tl.load(ctx).to(tl.int32)
-    world = tl.load(ctx + 1).to(tl.int32)
-    n = _sync.begin_call(ctx)
-    dst = peer_ptr(scratch_ptr, (me + 1) % world, ctx)
-    for start in range(pid * BLOCK, N, nprog * BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        mask = offs < N
-        tl.store(dst + offs, tl.load(x_ptr + offs, mask=mask), mask=mask)
-    _sync.signal_all(ctx, n * 64 + 1)
-    _sync.wait_all(ctx, n * 64 + 1)
-    _sync.end_call(ctx, n)
-
-
-def timeit(fn, iters):
-    for _ in range(2):
-        fn()
-    torch.cuda.synchronize()
-    dist.barrier()
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record()
-    for _ in range(iters):
-        fn()
-    e.record()
-    torch.cuda.synchronize()
-    return s.elapsed_time(e) * 1e3 / iters
+from commlab.bench._timing import time_back_to_back  # noqa: E402
+from commlab.collectives import _common  # noqa: E402
 
 
 def main():
@@ -66,25 +34,25 @@ def main():
         ref = x.float()
         dist.all_reduce(ref)
         y = x.clone()
-        rows.append((nbytes, "all_reduce", "nccl", timeit(lambda: dist.all_reduce(y), iters)))
+        rows.append((nbytes, "all_reduce", "nccl", time_back_to_back(lambda: dist.all_reduce(y), iters)))
         out = commlab.all_reduce(x, algorithm="two_shot")
         ok = torch.allclose(out.float(), ref, rtol=2e-2, atol=2e-2)
         rows.append((nbytes, "all_reduce", "two_shot" + ("" if ok else " WRONG"),
-                     timeit(lambda: commlab.all_reduce(x, algorithm="two_shot"), iters)))
+                     time_back_to_back(lambda: commlab.all_reduce(x, algorithm="two_shot"), iters)))
         half = x[: n // w]
         parts = [torch.empty_like(half) for _ in range(w)]
         ok = torch.equal(commlab.all_gather(half), (dist.all_gather(parts, half), torch.cat(parts))[1])
-        rows.append((nbytes, "all_gather", "nccl", timeit(lambda: dist.all_gather_into_tensor(torch.empty(n, device=dev, dtype=x.dtype), half), iters)))
-        rows.append((nbytes, "all_gather", "direct" + ("" if ok else " WRONG"), timeit(lambda: commlab.all_gather(half), iters)))
+        rows.append((nbytes, "all_gather", "nccl", time_back_to_back(lambda: dist.all_gather_into_tensor(torch.empty(n, device=dev, dtype=x.dtype), half), iters)))
+        rows.append((nbytes, "all_gather", "direct" + ("" if ok else " WRONG"), time_back_to_back(lambda: commlab.all_gather(half), iters)))
         rs_ref = ref[r * (n // w):(r + 1) * (n // w)]
         ok = torch.allclose(commlab.reduce_scatter(x).float(), rs_ref, rtol=2e-2, atol=2e-2)
-        rows.append((nbytes, "reduce_scatter", "nccl", timeit(lambda: dist.reduce_scatter_tensor(torch.empty(n // w, device=dev, dtype=x.dtype), x), iters)))
-        rows.append((nbytes, "reduce_scatter", "direct" + ("" if ok else " WRONG"), timeit(lambda: commlab.reduce_scatter(x), iters)))
+        rows.append((nbytes, "reduce_scatter", "nccl", time_back_to_back(lambda: dist.reduce_scatter_tensor(torch.empty(n // w, device=dev, dtype=x.dtype), x), iters)))
+        rows.append((nbytes, "reduce_scatter", "direct" + ("" if ok else " WRONG"), time_back_to_back(lambda: commlab.reduce_scatter(x), iters)))
         # ceiling: push N/2 bytes per rank per phase, as the collectives do per direction
         scratch = comm.scratch(nbytes // 2, torch.bfloat16)
         cfg = _common.launch_for(comm, n // 2)
         rows.append((nbytes, "push only", f"N/2, {cfg.programs}x{cfg.block}",
-                     timeit(lambda: push_only_kernel[(cfg.programs,)](x, scratch, comm.context, n // 2, BLOCK=cfg.block, num_warps=cfg.num_warps), iters)))
+                     time_back_to_back(lambda: move_kernel[(cfg.programs,)](x, scratch, x, comm.context, n // 2, ACTIVE_ALL=True, PULL=False, BLOCK=cfg.block, num_warps=cfg.num_warps), iters)))
     if r == 0:
         print(f"{'bytes':>11} {'op':<15} {'impl':<22} {'us':>9} {'GB/s per direction':>19}")
         for nbytes, op, name, t in rows:

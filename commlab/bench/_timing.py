@@ -63,6 +63,28 @@ def time_eager(comm, call, *, reps: int, inner: int, warmup: int = 3) -> float:
     return _slowest(comm, statistics.median(samples))
 
 
+def time_back_to_back(fn, iters: int, *, warmup: int = 2, group=None) -> float:
+    """µs per call of ``iters`` back-to-back calls between two CUDA events, after a
+    warm-up, a device drain and a barrier (on ``group``; the slowest rank's time when
+    ``group`` is given). The device scripts in bench/ time with this."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    dist.barrier(group=group)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    us = start.elapsed_time(end) * 1e3 / iters
+    if group is None:
+        return us
+    t = torch.tensor([us], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return float(t.item())
+
+
 def graph_calls(out_bytes: int) -> int:
     """Calls per graph: GRAPH_CALLS, fewer when their outputs would not fit GRAPH_MEMORY."""
     return max(1, min(GRAPH_CALLS, GRAPH_MEMORY // max(1, out_bytes)))
