@@ -12,6 +12,7 @@ Needs Debian's chromium (``apt-get install -y chromium``) at /usr/bin/chromium.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -145,6 +146,22 @@ def _wait_for_text(page, needle: str, timeout: float) -> None:
                 f"{SHOTS / 'timeout.png'}); it shows:\n{page.inner_text('.jp-Notebook')[-3000:]}")
 
 
+@contextlib.contextmanager
+def _chromium_page():
+    """A page of Debian's headless Chromium driven by Playwright (skips without it)."""
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"{CHROMIUM} missing: apt-get install -y chromium")
+    from playwright.sync_api import sync_playwright
+
+    SHOTS.mkdir(exist_ok=True)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        try:
+            yield browser.new_page(viewport={"width": 1400, "height": 1000})
+        finally:
+            browser.close()
+
+
 def _open_and_run_all(page, base: str, token: str, name: str) -> None:
     """Open notebook ``name`` in JupyterLab, wait for its kernel, Run All Cells."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
@@ -177,25 +194,15 @@ def _answer_prompt(page, expect: str, answer: str, timeout_ms: int = 120_000) ->
 @pytest.mark.browser
 @pytest.mark.timeout(300)
 def test_breakpoint_on_a_rank_is_answered_through_jupyterlabs_input_box(jupyterlab):
-    if not os.path.exists(CHROMIUM):
-        pytest.skip(f"{CHROMIUM} missing: apt-get install -y chromium")
-    from playwright.sync_api import sync_playwright
-
     base, token, root = jupyterlab
     _notebook(root / "debug.ipynb", DEBUG_CELLS)
-    SHOTS.mkdir(exist_ok=True)
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            _open_and_run_all(page, base, token, "debug.ipynb")
-            _answer_prompt(page, "[rank 1] (Pdb)", "p x + 1")
-            page.screenshot(path=str(SHOTS / "debugger-prompt.png"))
-            _answer_prompt(page, "[rank 1] (Pdb)", "c")
-            _wait_for_text(page, DONE, 120)
-            text = page.inner_text(".jp-Notebook")
-        finally:
-            browser.close()
+    with _chromium_page() as page:
+        _open_and_run_all(page, base, token, "debug.ipynb")
+        _answer_prompt(page, "[rank 1] (Pdb)", "p x + 1")
+        page.screenshot(path=str(SHOTS / "debugger-prompt.png"))
+        _answer_prompt(page, "[rank 1] (Pdb)", "c")
+        _wait_for_text(page, DONE, 120)
+        text = page.inner_text(".jp-Notebook")
     assert "42" in text, text[-3000:]  # the (Pdb) command ran on rank 1
     assert "after the breakpoint on" in text and "Traceback" not in text, text[-3000:]
 
@@ -203,35 +210,25 @@ def test_breakpoint_on_a_rank_is_answered_through_jupyterlabs_input_box(jupyterl
 @pytest.mark.browser
 @pytest.mark.timeout(300)
 def test_topology_linkbench_and_timeline_render_in_jupyterlab(jupyterlab):
-    if not os.path.exists(CHROMIUM):
-        pytest.skip(f"{CHROMIUM} missing: apt-get install -y chromium")
-    from playwright.sync_api import sync_playwright
-
     base, token, root = jupyterlab
     _notebook(root / "observe.ipynb")
-    SHOTS.mkdir(exist_ok=True)
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+    with _chromium_page() as page:
+        _open_and_run_all(page, base, token, "observe.ipynb")
+        _wait_for_text(page, DONE, 240)
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            _open_and_run_all(page, base, token, "observe.ipynb")
-            _wait_for_text(page, DONE, 240)
-            try:
-                page.wait_for_function(
-                    f"document.querySelectorAll('.js-plotly-plot .main-svg').length >= "
-                    f"{EXPECTED_PLOTS}", timeout=30_000)
-            finally:
-                page.screenshot(path=str(SHOTS / "notebook-end.png"))
-            page.wait_for_timeout(500)  # let the last plot finish its transition
-            text = page.inner_text(".jp-Notebook")
-            plots = page.locator(".js-plotly-plot")
-            n_plots = plots.count()
-            for i in range(n_plots):
-                plots.nth(i).scroll_into_view_if_needed()
-                plots.nth(i).screenshot(path=str(SHOTS / f"plot-{i}.png"))
-            page.screenshot(path=str(SHOTS / "notebook.png"))
+            page.wait_for_function(
+                f"document.querySelectorAll('.js-plotly-plot .main-svg').length >= "
+                f"{EXPECTED_PLOTS}", timeout=30_000)
         finally:
-            browser.close()
+            page.screenshot(path=str(SHOTS / "notebook-end.png"))
+        page.wait_for_timeout(500)  # let the last plot finish its transition
+        text = page.inner_text(".jp-Notebook")
+        plots = page.locator(".js-plotly-plot")
+        n_plots = plots.count()
+        for i in range(n_plots):
+            plots.nth(i).scroll_into_view_if_needed()
+            plots.nth(i).screenshot(path=str(SHOTS / f"plot-{i}.png"))
+        page.screenshot(path=str(SHOTS / "notebook.png"))
     errors = [e for e in WIDGET_ERRORS if e in text]
     assert not errors, f"widget errors on the page: {errors}\n{text[-3000:]}"
     assert n_plots >= EXPECTED_PLOTS
