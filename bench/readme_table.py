@@ -13,6 +13,7 @@ import argparse
 import json
 
 from commlab.bench import parse_size
+from commlab.bench._records import fmt_bytes
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 
@@ -48,18 +49,11 @@ def main() -> None:
                 nccl = by.get("nccl")
                 symm = [r for k, r in by.items() if k.startswith("torch_symm_mem:")]
                 best_symm = min((r["time_us"] for r in symm), default=None)
-                label = size_label(size)
+                label = fmt_bytes(size)
                 print(f"| {op} | {label} | {mode} | {fmt(auto['time_us'])} ({ran}) | "
                       f"{fmt(nccl and nccl['time_us'])} | {fmt(best_symm)} | "
                       f"{auto['busbw_gbps']:.0f} | "
                       f"{'—' if nccl is None else round(nccl['busbw_gbps'])} |")
-
-
-def size_label(n: int) -> str:
-    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if n >= 1 << shift and n % (1 << shift) == 0:
-            return f"{n >> shift} {unit}"
-    return f"{n} B"
 
 
 if __name__ == "__main__":
