@@ -6,9 +6,10 @@
 # 1. bench/gpu_smoke.py under torchrun: every op x algorithm x dtype x size vs NCCL,
 #    the device language compiled, heap lifetime, back-to-back calls
 # 2. pytest -m gpu (bench, topology, linkbench, overlap)
-# 3. bench/gpu_quickstart_check.py: the magics on a CUDA world (needs ipyparallel & co.,
+# 3. bench/gpu_overlap.py: ag_gemm / gemm_rs checked, then timed side by side (~4 min)
+# 4. bench/gpu_quickstart_check.py: the magics on a CUDA world (needs ipyparallel & co.,
 #    installed from .whl/ when present; list in that script)
-# 4. bench/gpu_topology_check.py: recorded topology + linkbench matrix + NVLink counters
+# 5. bench/gpu_topology_check.py: recorded topology + linkbench matrix + NVLink counters
 # Logs and the topology files go to $OUT when set (the device tool brings $OUT back).
 set -u
 cd "$(dirname "$0")/.."
@@ -29,6 +30,8 @@ $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton
 'gpus', torch.cuda.device_count(), torch.cuda.get_device_name(0))"
 step smoke "smoke" 170 $PY -m torch.distributed.run --standalone --nproc-per-node 2 bench/gpu_smoke.py
 step tests "gpu tests" 170 $PY -m pytest -m gpu -q -p no:cacheprovider -rs tests
+step overlap "overlap check + benchmark" 280 $PY -m torch.distributed.run --standalone \
+  --nproc-per-node 2 bench/gpu_overlap.py --out "$OUTDIR"
 step quickstart "quickstart (magics, cuda)" 110 $PY bench/gpu_quickstart_check.py --ranks 2
 step nvml "NVML counter probe" 100 $PY bench/nvml_probe.py
 step topology "topology + linkbench" 110 $PY bench/gpu_topology_check.py "$OUTDIR/topo"

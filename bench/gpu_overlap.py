@@ -6,13 +6,17 @@
    random data, bf16 and fp16, shapes that are not multiples of the tiles.
 2. Timing (bf16, Llama-3 8B/70B tensor-parallel MLP projections, M in 512..16384), every
    impl in the same run: "sequential" (NCCL, then torch.matmul / the reverse),
-   "commlab:fused" (forced), "commlab:auto" (the dispatch rule), "torch_symm_mem:fused"
+   "commlab:fused" (forced), "commlab:sequential" (commlab's own collective, then
+   torch.matmul / the reverse), "commlab:auto" (the dispatch rule), "torch_symm_mem:fused"
    (torch.ops.symm_mem.fused_all_gather_matmul / fused_matmul_reduce_scatter),
-   "comm_only" (the NCCL collective alone) and "gemm_only" (torch.matmul alone).
+   "comm_only" (the NCCL collective alone), "gemm_only" (torch.matmul alone) and
+   "triton_gemm_only" (the fused kernels' own Triton GEMM alone, commlab.overlap._gemm).
    Each: warm-up, then the median of per-call CUDA-event times over back-to-back calls
    queued behind a device sleep (so the events bracket device time, not the host's
-   Python), the slowest rank's median recorded with mode "queued"; --eager times plain
-   back-to-back calls instead (mode "eager": host overhead included).
+   Python), the slowest rank's median; --rounds interleaved rounds per shape (every impl
+   once per round), the median round recorded with mode "queued" (all rounds kept in
+   the record). --eager times plain back-to-back calls instead (mode "eager": host
+   overhead included).
 
    hidden = (sequential - fused) / comm_only: the share of the communication the overlap
    hid (1.0 = all of it; the target is >= 0.8 at M >= 2048).
@@ -59,6 +63,8 @@ def log(comm, *a):
 
 
 def make_impls(comm, op: str, m: int, k: int, n: int, dtype=torch.bfloat16) -> dict:
+    from commlab.overlap._gemm import matmul
+
     dev, w = comm.device, comm.world_size
     g = torch.Generator(device=dev).manual_seed(17 + comm.rank)
     group_name = comm.group.group_name
@@ -71,8 +77,10 @@ def make_impls(comm, op: str, m: int, k: int, n: int, dtype=torch.bfloat16) -> d
                                    full @ b)[1],
             "commlab:fused": lambda: commlab.ag_gemm(a, b, algorithm="fused"),
             "commlab:auto": lambda: commlab.ag_gemm(a, b),
+            "commlab:sequential": lambda: commlab.ag_gemm(a, b, algorithm="sequential"),
             "comm_only": lambda: dist.all_gather_into_tensor(full, a, group=comm.group),
             "gemm_only": lambda: full @ b,
+            "triton_gemm_only": lambda: matmul(comm, full, b),
         }
         if hasattr(torch.ops.symm_mem, "fused_all_gather_matmul"):
             impls["torch_symm_mem:fused"] = lambda: torch.ops.symm_mem.fused_all_gather_matmul(
@@ -87,8 +95,10 @@ def make_impls(comm, op: str, m: int, k: int, n: int, dtype=torch.bfloat16) -> d
                                    dist.reduce_scatter_tensor(out, part, group=comm.group)),
             "commlab:fused": lambda: commlab.gemm_rs(a, b, algorithm="fused"),
             "commlab:auto": lambda: commlab.gemm_rs(a, b),
+            "commlab:sequential": lambda: commlab.gemm_rs(a, b, algorithm="sequential"),
             "comm_only": lambda: dist.reduce_scatter_tensor(out, part, group=comm.group),
             "gemm_only": lambda: torch.matmul(a, b, out=part),
+            "triton_gemm_only": lambda: matmul(comm, a, b),
         }
         if hasattr(torch.ops.symm_mem, "fused_matmul_reduce_scatter"):
             impls["torch_symm_mem:fused"] = lambda: torch.ops.symm_mem.fused_matmul_reduce_scatter(
@@ -131,19 +141,20 @@ def check(comm) -> int:
     cases = [(1000, 1000, 4000, 1000), (2048, 2048, 4096, 14336), (130, 136, 200, 300)]
     for dtype, tol in ((torch.bfloat16, 1e-2), (torch.float16, 2e-3)):
         for rows, k_ag, k_rs, n in cases:
-            for op in ("ag_gemm", "gemm_rs"):
+            for op, algo in [(o, al) for o in ("ag_gemm", "gemm_rs")
+                             for al in ("fused", "sequential")]:
                 for _rep in range(3):  # repeated calls cross both buffer parities
                     if op == "ag_gemm":
                         a = torch.randn(rows, k_ag, device=dev, generator=g).to(dtype)
                         b = torch.randn(k_ag, n, device=dev, generator=g).to(dtype)
-                        got = commlab.ag_gemm(a, b, algorithm="fused")
+                        got = commlab.ag_gemm(a, b, algorithm=algo)
                         full = torch.empty(rows * w, k_ag, device=dev, dtype=dtype)
                         dist.all_gather_into_tensor(full, a, group=comm.group)
                         ref = full.float() @ b.float()
                     else:
                         a = torch.randn(rows * w, k_rs, device=dev, generator=g).to(dtype)
                         b = torch.randn(k_rs, n, device=dev, generator=g).to(dtype)
-                        got = commlab.gemm_rs(a, b, algorithm="fused")
+                        got = commlab.gemm_rs(a, b, algorithm=algo)
                         part = (a.float() @ b.float()).to(dtype).float()
                         ref = torch.empty(rows, n, device=dev)
                         dist.reduce_scatter_tensor(ref, part, group=comm.group)
@@ -151,12 +162,12 @@ def check(comm) -> int:
                     err = (got.float() - ref).abs().max().item()
                     if got.shape != ref.shape or not err <= scale:
                         fails += 1
-                        print(f"[rank {comm.rank}] FAIL {op} {dtype} rows={rows} n={n}: "
+                        print(f"[rank {comm.rank}] FAIL {op} {algo} {dtype} rows={rows} n={n}: "
                               f"max err {err:.4g} > {scale:.4g}", flush=True)
     t = torch.tensor([fails], device=dev)
     dist.all_reduce(t, group=comm.group)
     log(comm, f"correctness: {'ok' if t.item() == 0 else f'{t.item()} FAILURES'} "
-              f"({len(cases) * 2 * 2 * 3} calls per rank, bf16 + fp16, odd shapes)")
+              f"({len(cases) * 2 * 4 * 3} calls per rank, bf16 + fp16, odd shapes)")
     return int(t.item())
 
 
@@ -168,28 +179,36 @@ def bench(comm, args) -> list[dict]:
     commit = os.environ.get("COMMLAB_COMMIT") or git_commit()  # no .git on some machines
     ms = [int(x) for x in args.m_values.split(",")]
     models = args.models.split(",")
-    header = (f"{'op':8} {'model':5} {'M':>6} {'seq':>8} {'fused':>8} {'auto':>8} "
-              f"{'torch':>8} {'comm':>7} {'gemm':>8} {'hidden':>7} {'vs seq':>7} {'vs torch':>8}")
+    header = (f"{'op':8} {'model':5} {'M':>6} {'seq':>8} {'cl seq':>8} {'fused':>8} "
+              f"{'auto':>8} {'torch':>8} {'comm':>7} {'gemm':>8} {'tr gemm':>8} {'hidden':>7} "
+              f"{'vs seq':>7} {'vs torch':>8}")
     log(comm, header)
     for op in ("ag_gemm", "gemm_rs"):
         for model in models:
             k, n = SHAPES[op][model]
             for m in ms:
                 impls = make_impls(comm, op, m, k, n)
+                iters = args.iters if m * k * n < 2**38 else max(20, args.iters // 2)
+                rounds = {name: [] for name in impls}
+                for _ in range(args.rounds):  # interleaved, so drift hits every impl alike
+                    for name, fn in impls.items():
+                        rounds[name].append(time_us(comm, fn, args.warmup, iters,
+                                                    queued=not args.eager))
                 t = {}
-                for name, fn in impls.items():
-                    iters = args.iters if m * k * n < 2**38 else max(20, args.iters // 2)
-                    t[name] = time_us(comm, fn, args.warmup, iters, queued=not args.eager)
+                for name in impls:
+                    t[name] = statistics.median(rounds[name])
                     records.append(dict(op=op, impl=name, m=m, n=n, k=k, dtype="bfloat16",
                                         world_size=comm.world_size, time_us=round(t[name], 2),
                                         device=dev_name, commit=commit,
                                         mode="eager" if args.eager else "queued",
-                                        model=f"llama3-{model}"))
+                                        model=f"llama3-{model}",
+                                        rounds=[round(v, 2) for v in rounds[name]]))
                 del impls
                 seq, fused, comm_t = t["sequential"], t["commlab:fused"], t["comm_only"]
                 tt = t.get("torch_symm_mem:fused", float("nan"))
-                log(comm, f"{op:8} {model:5} {m:6d} {seq:8.1f} {fused:8.1f} "
-                          f"{t['commlab:auto']:8.1f} {tt:8.1f} {comm_t:7.1f} {t['gemm_only']:8.1f} "
+                log(comm, f"{op:8} {model:5} {m:6d} {seq:8.1f} {t['commlab:sequential']:8.1f} "
+                          f"{fused:8.1f} {t['commlab:auto']:8.1f} {tt:8.1f} {comm_t:7.1f} "
+                          f"{t['gemm_only']:8.1f} {t['triton_gemm_only']:8.1f} "
                           f"{(seq - fused) / comm_t:7.0%} {fused / seq - 1:+7.1%} "
                           f"{fused / tt - 1:+8.1%}")
     log(comm, "hidden = (sequential - fused) / comm_only; vs seq / vs torch: fused time "
@@ -272,6 +291,8 @@ def main() -> int:
     p.add_argument("--models", default="8B,70B")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--iters", type=int, default=30)
+    p.add_argument("--rounds", type=int, default=3,
+                   help="interleaved rounds per shape; the median round is recorded")
     p.add_argument("--skip-check", action="store_true")
     p.add_argument("--eager", action="store_true", help="time without queueing (host included)")
     p.add_argument("--tiles", default="",

@@ -74,6 +74,14 @@ def _check_numerics(comm, checks, g):
                     for out, ref in calls:
                         assert out.shape == (rows, n) and out.dtype == dtype
                         _close(out, ref)
+    with checks.case("triton_gemm", "the fused kernels' GEMM alone matches torch"):
+        from commlab.overlap._gemm import matmul
+
+        for rows, k, n in SHAPES:
+            a = torch.randn(rows, k, generator=g).bfloat16()
+            b = torch.randn(k, n, generator=g).bfloat16()
+            _close(matmul(comm, a, b), a.float() @ b.float())
+            _close(matmul(comm, a, b.t().contiguous().t()), a.float() @ b.float())
     with checks.case("strided_weight", "b given as a transposed view"):
         a = torch.randn(9, 40, generator=g).bfloat16()
         bt = torch.randn(72, 40, generator=g).bfloat16()
@@ -140,10 +148,21 @@ def _check_trace(comm, checks, g):
         tiles = [s for s in spans if isinstance(s, Span) and "tile" in s.meta]
         kinds = {(s.meta["op"], s.kind) for s in tiles}
         want = {("ag_gemm", "wait"), ("ag_gemm", "compute"), ("ag_gemm", "copy"),
-                ("gemm_rs", "compute"), ("gemm_rs", "copy"), ("gemm_rs", "wait"),
-                ("gemm_rs", "reduce")}
+                ("gemm_rs", "compute"), ("gemm_rs", "wait"), ("gemm_rs", "reduce")}
         assert want <= kinds, f"missing roles: {want - kinds}"
         assert all(s.lane.startswith("program ") for s in tiles), {s.lane for s in tiles}
+    with checks.case("trace", "gemm_rs sends each peer's partial between its launches"):
+        pushes = [s for s in spans if s.name == "gemm_rs:push"]
+        assert len(pushes) == comm.world_size - 1 and all(s.kind == "copy" for s in pushes)
+        rs = [s for s in tiles if s.meta["op"] == "gemm_rs"]
+        own_first = min(s.meta["tile"] for s in rs if s.kind == "reduce")
+        per_chunk = own_first // (comm.world_size - 1)
+        own_start = min(s.start_us for s in rs if s.meta["tile"] >= own_first)
+        # push c follows chunk c's launch; the own chunk starts after every push
+        for c, push in enumerate(sorted(pushes, key=lambda s: s.start_us)):
+            done = max(s.end_us for s in rs if s.meta["tile"] // per_chunk == c)
+            assert done <= push.start_us + 1e-3, (c, done, push.start_us)
+        assert max(s.end_us for s in pushes) <= own_start + 1e-3
         assert all(s.end_us >= s.start_us >= 0 and s.rank == comm.rank for s in tiles)
         comm_spans = {s.name for s in spans if s.kind == "comm"}
         assert {"ag_gemm", "gemm_rs"} <= comm_spans, comm_spans
@@ -214,3 +233,8 @@ def test_bad_arguments_raise_clear_errors_on_every_rank(results, world_size):
 @pytest.mark.parametrize("world_size", WORLDS)
 def test_tile_timeline_records_roles_per_program(results, world_size):
     assert_checks(results(world_size), "trace")
+
+
+@pytest.mark.parametrize("world_size", WORLDS)
+def test_the_fused_kernels_gemm_alone_matches_torch(results, world_size):
+    assert_checks(results(world_size), "triton_gemm")

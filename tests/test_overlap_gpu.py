@@ -39,17 +39,19 @@ def gpu_overlap_world(comm, seed):
                     a = torch.randn(rows, k, device=dev, generator=g).to(dtype)
                     b = torch.randn(n, k, device=dev, generator=g).to(dtype).t() if transposed \
                         else torch.randn(k, n, device=dev, generator=g).to(dtype)
-                    got = commlab.ag_gemm(a, b, algorithm="fused")
                     full = torch.empty(rows * w, k, device=dev, dtype=dtype)
                     dist.all_gather_into_tensor(full, a, group=comm.group)
-                    close("ag_gemm " + label, got, full.float() @ b.float())
+                    for algo in ("fused", "sequential"):
+                        got = commlab.ag_gemm(a, b, algorithm=algo)
+                        close(f"ag_gemm {algo} " + label, got, full.float() @ b.float())
 
                     a = torch.randn(rows * w, k, device=dev, generator=g).to(dtype)
-                    got = commlab.gemm_rs(a, b, algorithm="fused")
                     ref = torch.empty(rows, n, device=dev)
                     dist.reduce_scatter_tensor(ref, (a.float() @ b.float()).to(dtype).float(),
                                                group=comm.group)
-                    close("gemm_rs " + label, got, ref)
+                    for algo in ("fused", "sequential"):
+                        got = commlab.gemm_rs(a, b, algorithm=algo)
+                        close(f"gemm_rs {algo} " + label, got, ref)
     # the tile timeline on GPU: SM lanes, every role present
     a = torch.randn(512, 256, device=dev, generator=g).bfloat16()
     b = torch.randn(256, 512, device=dev, generator=g).bfloat16()
@@ -59,10 +61,44 @@ def gpu_overlap_world(comm, seed):
     spans = commlab.trace.stop()
     tiles = [s for s in spans if "tile" in s.meta]
     kinds = {s.kind for s in tiles}
-    if not {"wait", "compute", "copy", "reduce"} <= kinds or not all(
+    if not {"wait", "compute", "reduce"} <= kinds or not all(
             s.lane.startswith("sm ") for s in tiles):
         failures.append(f"rank {comm.rank} trace: kinds {kinds}, lanes "
                         f"{sorted({s.lane for s in tiles})[:5]}")
+    pushes = {s.name for s in spans if s.kind == "copy" and s.lane == "copy engine"}
+    if pushes != {"ag_gemm:push", "gemm_rs:push"}:
+        failures.append(f"rank {comm.rank} trace: copy-engine spans {pushes}")
+    # algorithm="auto" inside a CUDA-graph capture runs the replayable sequential path
+    a2 = torch.randn(2048, 512, device=dev, generator=g).bfloat16()
+    b2 = torch.randn(512, 384, device=dev, generator=g).bfloat16()
+    side = torch.cuda.Stream(dev)
+    side.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(side):
+        commlab.gemm_rs(a2, b2)
+        commlab.ag_gemm(a2[:1024], b2)
+    torch.cuda.current_stream(dev).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y_rs = commlab.gemm_rs(a2, b2)
+        y_ag = commlab.ag_gemm(a2[:1024], b2)
+    a2.copy_(torch.randn(2048, 512, device=dev, generator=g))
+    graph.replay()
+    ref = torch.empty(2048 // w, 384, device=dev)
+    dist.reduce_scatter_tensor(ref, (a2.float() @ b2.float()).bfloat16().float(),
+                               group=comm.group)
+    close("gemm_rs auto in a CUDA graph", y_rs, ref)
+    full = torch.empty(1024 * w, 512, device=dev, dtype=torch.bfloat16)
+    dist.all_gather_into_tensor(full, a2[:1024].contiguous(), group=comm.group)
+    close("ag_gemm auto in a CUDA graph", y_ag, full.float() @ b2.float())
+    # the Triton GEMM alone (the benchmark's "triton_gemm_only"), both B layouts
+    from commlab.overlap._gemm import matmul
+
+    for rows, k, n in SHAPES:
+        a = torch.randn(rows, k, device=dev, generator=g).bfloat16()
+        b = torch.randn(k, n, device=dev, generator=g).bfloat16()
+        close(f"triton gemm {rows}x{k}x{n}", matmul(comm, a, b), a.float() @ b.float())
+        close(f"triton gemm {rows}x{k}x{n} b^T", matmul(comm, a, b.t().contiguous().t()),
+              a.float() @ b.float())
     return failures
 
 

@@ -39,4 +39,8 @@ def choose(op: str, comm: Communicator, m: int, n: int, k: int) -> str:
     was agreed on first)."""
     if comm.backend == "cpu":
         return "fused"
+    import torch
+
+    if torch.cuda.is_current_stream_capturing():
+        return "sequential"  # the fused kernels number calls on the host: not replayable
     return "fused" if m >= MIN_FUSED_M[op] else "sequential"

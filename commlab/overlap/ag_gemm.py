@@ -207,19 +207,11 @@ def _fused(comm, a: torch.Tensor, b: torch.Tensor):
 
 
 def _sequential(comm, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """The baseline: torch.distributed's all-gather (NCCL on GPU, gloo on CPU), then
-    torch.matmul."""
-    import torch.distributed as dist
+    """commlab's all-gather, then torch.matmul (on 2xH200 its kernel is faster than
+    NCCL's at every size, bench/results/2xh200-w2.json)."""
+    from commlab.collectives.all_gather import all_gather
 
-    if comm.backend == "cuda":
-        full = torch.empty((comm.world_size * a.shape[0], a.shape[1]), dtype=a.dtype,
-                           device=a.device)
-        dist.all_gather_into_tensor(full, a, group=comm.group)
-    else:
-        parts = [torch.empty_like(a) for _ in range(comm.world_size)]
-        dist.all_gather(parts, a, group=comm.cpu_group)
-        full = torch.cat(parts)
-    return full @ b
+    return all_gather(a) @ b
 
 
 def ag_gemm(a: torch.Tensor, b: torch.Tensor, *, algorithm: str = "auto") -> torch.Tensor:
@@ -239,10 +231,10 @@ def ag_gemm(a: torch.Tensor, b: torch.Tensor, *, algorithm: str = "auto") -> tor
     m = comm.world_size * a.shape[0]
     algo = choose("ag_gemm", comm, m, b.shape[1], a.shape[1]) if algorithm == "auto" else algorithm
     nbytes = (comm.world_size - 1) * a.numel() * a.element_size()
+    if algo == "sequential":  # (its collective records its own span)
+        return _sequential(comm, a, b)
+    oc.refuse_capture("ag_gemm", comm)
     with trace.collective("ag_gemm", nbytes, algo, comm.device):
-        if algo == "sequential":
-            return _sequential(comm, a, b)
-        oc.refuse_capture("ag_gemm", comm)
         out, decode = _fused(comm, a.contiguous(), b)
     if decode is not None:
         decode()

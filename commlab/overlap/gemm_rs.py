@@ -3,39 +3,39 @@ reduce-scatter after the GEMM.
 
 Each rank holds ``a`` [M, K_local] and ``b`` [K_local, N]; the product is a partial sum
 and rank r owns the reduction of its row chunk r. So each rank computes the chunks its
-peers own first and ships each finished tile, then computes its own chunk last, adding
-the peers' tiles that arrived meanwhile:
+peers own first, sends each one as soon as it is finished, and computes its own chunk
+last, adding the peers' partials in the epilogue of each own tile:
 
-    tiles in chunk order me+1, me+2, ..., me (own chunk last), per call e:
-        dst = (me + 1 + chunk) % W
-        acc = a[dst rows, tile] @ b
-        if dst != me:                                       # role "copy"
-            part[e % 2][dst][tile] = acc;  flags@dst[me][tile] = e
-        else:                                               # roles "wait", "reduce"
-            for src != me: wait(flags[src][tile] >= e);  acc += part@src[e % 2][me][tile]
-            out[tile] = acc
+    per call e, chunks in order me+1, me+2, ..., me (own chunk last):
+      launch "peer chunk" dst (one per peer):  stage[dst] = a[dst rows] @ b
+      producer, behind that launch:            inbox@dst[e % 2][me] = stage[dst]
+                                               flags@dst[me] = e       # our partial landed
+      launch "own chunk":  per tile:  acc = a[me rows, tile] @ b
+                                      for src != me: wait(flags[src] >= e)  (once per program)
+                                                     acc += inbox[e % 2][src][tile]
+                                      out[tile] = acc
 
-Partials are staged locally and *pulled* by their owner: SM stores across NVLink from
-a GEMM epilogue stall it (measured: the copy took longer than the tile's compute),
-while the owner's pull is a vectorized load at the end of its own tile.
+Who produces: on GPU the copy engines (``copy_`` into the peer's inbox on a side stream,
+then ``cuStreamWriteValue32`` of the epoch into the peer's flag), so the bytes cross
+NVLink while our own chunk's GEMM runs on every SM, and the own tiles' epilogues read
+*local* memory. (The first version stored partial tiles locally from one persistent
+launch and had the owner pull them over NVLink in its own tiles' epilogues: those pulls
+all came at the end of the kernel, not hidden behind anything; it hid -3..36% of the
+collective, bench/results/overlap-2xh200-w2.json at 02166d0.) On CPU the host copies
+into the peer's shared memory between the launches: the same protocol.
 
-One launch, on both backends: a tile waits only for *another rank's* tiles, never for a
-tile of its own launch, so Triton's interpreter (programs one after another) cannot
-deadlock. On GPU the grid is persistent with at most one program per SM (all resident
-at once), and each program stages every tile its peers wait for before it reaches a
-tile that waits, so every wait is eventually satisfied. (A kernel occupying SMs next
-to it can delay programs, not deadlock them.)
+Deadlock freedom: an own-chunk program waits only for copies that the *peers* queued
+behind *their* peer-chunk launches, which wait for nothing; on one GPU, no SM kernel
+waits for work queued behind a spinning one.
 
-Why no barrier: part is double-buffered by call parity. Peer p overwrites slot e % 2 at
-call e+2, after its GEMM of call e+1, which waited for our tiles of call e+1, which our
-launch e+1 computed after our launch e (the reader of p's slot) had finished.
+Why no barrier: the inbox is double-buffered by call parity. Our push into slot e % 2 on
+peer p is queued after our own-chunk launch of call e-1, which waited for p's push of
+call e-1, which p queued after its own-chunk launch of call e-2, the last reader of that
+slot. The staging buffer is reused by the next call only after the main stream has
+joined the side stream (the pushes are done).
 
-When it wins (2xH200, bf16, Llama-3 MLP shapes, bench/gpu_overlap.py at 02166d0,
-bench/results/overlap-2xh200-w2.json): barely. At M >= 2048 it is between 1% slower and
-4% faster than torch.matmul + NCCL reduce-scatter (hiding -3 to 36% of the collective)
-and 0.7-12% slower than PyTorch's fused_matmul_reduce_scatter; an earlier run of this
-same kernel measured 181 µs for 8B at M=2048 (now 209), unexplained. At M=512 the few
-tiles leave SMs idle and ``algorithm="auto"`` runs sequentially.
+When it wins (2xH200, bf16, Llama-3 MLP shapes): see ``commlab.overlap._dispatch`` and
+bench/results/overlap-2xh200-w2.json (``bench/gpu_overlap.py``).
 """
 
 from __future__ import annotations
@@ -46,9 +46,10 @@ import triton.language as tl
 
 import commlab.language as cl
 from commlab import trace
-from commlab.collectives._common import agree, comm_or_raise, peer_ptr
+from commlab.collectives._common import agree, comm_or_raise
 from commlab.overlap import _common as oc
 from commlab.overlap._tiles import grouped_tile, mma, stamp
+from commlab.runtime.peer import peer_view
 
 
 @triton.jit
@@ -56,32 +57,33 @@ def gemm_rs_kernel(
     # Local buffers (tensor descriptors when USE_TMA, else pointers)
     a_src,  # [W * ROWS, K] this rank's activations (K = this rank's share)
     b_src,  # [K, N] ([N, K] when B_TRANS)
-    out_ptr,  # [ROWS, N] this rank's reduced chunk
+    out_ptr,  # [ROWS, N]: stage[chunk] (a peer's chunk) or our reduced chunk (OWN)
     # Symmetric buffers
-    part_ptr,  # [W, ROWS, N] this call's slot: part[r] = our partial of rank r's chunk
-    flags_ptr,  # int32 [W, TILES]: flags[r][t] = last call whose tile t rank r has staged
+    inbox_ptr,  # [W, ROWS, N] this call's slot: inbox[r] = rank r's partial of our chunk
+    flags_ptr,  # int32 [W]: flags[r] = last call whose partial rank r has delivered here
     ctx,
-    trace_ptr,
+    trace_ptr,  # [W * tiles, 5]; this launch's tiles start at row chunk_idx * tiles
     # Sizes
     ROWS, N, K,
     stride_bk, stride_bn,
+    chunk_idx,  # position of this launch's chunk in our order (W - 1: our own chunk)
     epoch,
     # Meta-parameters
+    OWN: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
     EVEN_K: tl.constexpr, USE_TMA: tl.constexpr, B_TRANS: tl.constexpr,
     TRACE: tl.constexpr,
 ):
-    # Persistent: program p takes tiles p, p + P, ... of the chunk-major order, so every
-    # program ships all its tiles for peers before it reaches a tile it must wait for.
+    # Persistent: program p takes tiles p, p + P, ... of one row chunk of the output.
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     me = cl.rank(ctx)
     world = cl.num_ranks(ctx)
-    tiles_per_chunk = ((ROWS + BM - 1) // BM) * ((N + BN - 1) // BN)
-    for t in tl.range(pid, world * tiles_per_chunk, nprog):
-        chunk = t // tiles_per_chunk
-        tile = t % tiles_per_chunk
-        dst = (me + 1 + chunk) % world  # peers' chunks first, our own last
+    dst = (me + 1 + chunk_idx) % world  # whose rows: the peers' first, our own last
+    tiles = ((ROWS + BM - 1) // BM) * ((N + BN - 1) // BN)
+    arrived = pid * 0  # OWN: whether this program has seen every peer's partial land
+    for tile in tl.range(pid, tiles, nprog):
+        t = chunk_idx * tiles + tile  # row in the trace buffer
         pid_m, pid_n = grouped_tile(tile, ROWS, N, BM, BN, GROUP_M)
         if TRACE:
             stamp(trace_ptr, t, 0)
@@ -96,76 +98,119 @@ def gemm_rs_kernel(
         if TRACE:
             stamp(trace_ptr, t, 1)
 
-        if dst != me:
-            # --- copy: stage the partial tile for its owner, then tell the owner -------
-            # (a local store: SM stores across NVLink stall the GEMM; the owner's 16-byte
-            # loads pull the tile instead, in its epilogue)
-            staged = part_ptr + dst.to(tl.int64) * ROWS * N
-            tl.store(staged + tile_off, acc.to(part_ptr.dtype.element_ty), mask=mask)
-            # our partial of the owner's tile, call `epoch`, is ready:
-            cl.notify(flags_ptr + me * tiles_per_chunk + tile, dst, ctx, epoch, sig_op="set")
-            if TRACE:
-                stamp(trace_ptr, t, 2)
-        else:
-            # --- wait + reduce: add every peer's partial of this tile ------------------
-            for i in range(1, world):
-                src = (me + i) % world
-                cl.wait(flags_ptr + src * tiles_per_chunk + tile, epoch)
+        if OWN:
+            # --- wait (once per program) + reduce: add every peer's partial ------------
+            if arrived == 0:
+                for i in range(1, world):
+                    cl.wait(flags_ptr + (me + i) % world, epoch)
+                arrived = 1
             if TRACE:
                 stamp(trace_ptr, t, 2)
             for i in range(1, world):
                 src = (me + i) % world
-                theirs = peer_ptr(part_ptr + me.to(tl.int64) * ROWS * N, src, ctx)
-                part = tl.load(theirs + tile_off, mask=mask, other=0.0)
+                part = tl.load(inbox_ptr + src.to(tl.int64) * ROWS * N + tile_off, mask=mask,
+                               other=0.0)
                 acc += part.to(tl.float32)
             tl.store(out_ptr + tile_off, acc.to(out_ptr.dtype.element_ty), mask=mask)
             if TRACE:
                 stamp(trace_ptr, t, 3)
+        else:
+            # the partial, staged locally for the producer to send
+            tl.store(out_ptr + tile_off, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+class _Producer:
+    """Sends staged partial chunks into their owners' inboxes, then the epoch flag: copy
+    engines on a side stream (GPU), host copies into shared memory (CPU)."""
+
+    def __init__(self, comm, bufs: oc.Buffers, slot: torch.Tensor, epoch: int):
+        self.comm, self.bufs, self.slot, self.epoch = comm, bufs, slot, epoch
+        self.cuda = comm.backend == "cuda"
+        if self.cuda:
+            if "stream" not in bufs.peer_views:  # built once per buffer: host time matters
+                bufs.peer_views["stream"] = torch.cuda.Stream(comm.device)
+            self.side = bufs.peer_views["stream"]
+            self.main = torch.cuda.current_stream(comm.device)
+
+    def _views(self, p: int):
+        key = (p, self.slot.data_ptr())
+        views = self.bufs.peer_views.get(key)
+        if views is None:
+            flags_dtype = torch.uint32 if self.cuda else torch.int32
+            views = self.bufs.peer_views[key] = (peer_view(self.comm, self.slot, p),
+                                                 peer_view(self.comm, self.bufs.flags, p,
+                                                           flags_dtype))
+        return views
+
+    def send(self, p: int, staged: torch.Tensor) -> None:
+        """Queue the push of ``staged`` (our partial of p's chunk) to rank p."""
+        me = self.comm.rank
+        inbox, flags = self._views(p)
+        if not self.cuda:
+            with trace.span("gemm_rs:push", "copy", lane="producer"):
+                inbox[me].copy_(staged)
+                flags.view(-1)[me] = self.epoch  # after the rows: x86 keeps store order
+            return
+        self.side.wait_stream(self.main)  # the chunk's launch has finished
+        with torch.cuda.stream(self.side), trace.span("gemm_rs:push", "copy",
+                                                      lane="copy engine"):
+            inbox[me].copy_(staged, non_blocking=True)  # contiguous D2D: a DMA over NVLink
+            torch.ops.symm_mem.stream_write_value32_(flags.view(-1), me, self.epoch)
+
+    def join(self, staged: torch.Tensor) -> None:
+        """The main stream goes on only when every push has left (the next call reuses
+        the staging buffer)."""
+        if self.cuda:
+            self.main.wait_stream(self.side)
+            staged.record_stream(self.side)
 
 
 def _fused(comm, a: torch.Tensor, b: torch.Tensor):
-    """Launch the fused kernel(s); returns (out, decode), decode() adding the tile spans
+    """Launch the fused kernels; returns (out, decode), decode() adding the tile spans
     when a trace records (a host sync on GPU, so the caller runs it after its span)."""
-    world = comm.world_size
+    world, me = comm.world_size, comm.rank
     rows, n, k = a.shape[0] // world, b.shape[1], a.shape[1]
     cfg = oc.tile_config(comm)
-    tiles_per_chunk = triton.cdiv(rows, cfg.BM) * triton.cdiv(n, cfg.BN)
-    bufs = oc.buffers(comm, "gemm_rs", rows, n, a.dtype, tiles_per_chunk)
+    tiles = triton.cdiv(rows, cfg.BM) * triton.cdiv(n, cfg.BN)
+    bufs = oc.buffers(comm, "gemm_rs", rows, n, a.dtype, 1)
     epoch = bufs.next_epoch()
+    slot = bufs.data[epoch % 2]  # [W, rows, N]: our inbox for this call
+    flags = bufs.flags[:, 0]  # [W]
     out = torch.empty((rows, n), dtype=a.dtype, device=a.device)
-    tiles = world * tiles_per_chunk
-    tbuf = oc.trace_buffer(comm, tiles)
+    stage = torch.empty((max(world - 1, 1), rows, n), dtype=a.dtype, device=a.device)
+    tbuf = oc.trace_buffer(comm, world * tiles)
     clock = oc.Clock(comm) if tbuf is not None else None
     ops = oc.operands(comm, cfg, a, b)
-    gemm_rs_kernel[(oc.programs(comm, tiles),)](
-        ops.a, ops.b, out, bufs.data[epoch % 2], bufs.flags, comm.context, tbuf,
-        rows, n, k, b.stride(0), b.stride(1), epoch,
-        BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, GROUP_M=cfg.GROUP_M, EVEN_K=k % cfg.BK == 0,
-        USE_TMA=ops.tma, B_TRANS=ops.b_trans, TRACE=tbuf is not None,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
+    producer = _Producer(comm, bufs, slot, epoch)
+    grid = (oc.programs(comm, tiles),)
+    for c in range(world):
+        own = c == world - 1
+        target = out if own else stage[c]
+        gemm_rs_kernel[grid](
+            ops.a, ops.b, target, slot, flags, comm.context, tbuf,
+            rows, n, k, b.stride(0), b.stride(1), c, epoch,
+            OWN=own, BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, GROUP_M=cfg.GROUP_M,
+            EVEN_K=k % cfg.BK == 0, USE_TMA=ops.tma, B_TRANS=ops.b_trans,
+            TRACE=tbuf is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
+        if not own:
+            producer.send((me + 1 + c) % world, stage[c])
+    producer.join(stage)
 
     def decode():
-        own_first = (world - 1) * tiles_per_chunk
+        own_first = (world - 1) * tiles
         oc.add_tile_spans(comm, tbuf, clock, "gemm_rs",
-                          lambda t: ("compute", "copy") if t < own_first
+                          lambda t: ("compute",) if t < own_first
                           else ("compute", "wait", "reduce"))
     return out, (decode if tbuf is not None else None)
 
 
 def _sequential(comm, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """The baseline: torch.matmul, then torch.distributed's reduce-scatter (NCCL on GPU;
-    on CPU gloo's all-reduce and our slice of it)."""
-    import torch.distributed as dist
+    """torch.matmul, then commlab's reduce-scatter (on 2xH200 its kernel is faster than
+    NCCL's at every size, bench/results/2xh200-w2.json)."""
+    from commlab.collectives.reduce_scatter import reduce_scatter
 
-    partial = a @ b
-    rows = a.shape[0] // comm.world_size
-    if comm.backend == "cuda":
-        out = torch.empty((rows, b.shape[1]), dtype=a.dtype, device=a.device)
-        dist.reduce_scatter_tensor(out, partial, group=comm.group)
-        return out
-    dist.all_reduce(partial, group=comm.cpu_group)
-    return partial[comm.rank * rows:(comm.rank + 1) * rows].clone()
+    return reduce_scatter(a @ b)
 
 
 def gemm_rs(a: torch.Tensor, b: torch.Tensor, *, algorithm: str = "auto") -> torch.Tensor:
@@ -185,10 +230,10 @@ def gemm_rs(a: torch.Tensor, b: torch.Tensor, *, algorithm: str = "auto") -> tor
     m, n, k = a.shape[0], b.shape[1], a.shape[1]
     algo = choose("gemm_rs", comm, m, n, k) if algorithm == "auto" else algorithm
     nbytes = (comm.world_size - 1) * (m // comm.world_size) * n * a.element_size()
+    if algo == "sequential":  # (its collective records its own span)
+        return _sequential(comm, a, b)
+    oc.refuse_capture("gemm_rs", comm)
     with trace.collective("gemm_rs", nbytes, algo, comm.device):
-        if algo == "sequential":
-            return _sequential(comm, a, b)
-        oc.refuse_capture("gemm_rs", comm)
         out, decode = _fused(comm, a.contiguous(), b)
     if decode is not None:
         decode()
