@@ -29,7 +29,7 @@ source bench/_steps.sh  # step TAG NAME SECONDS CMD..., STEPS, status
 $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, \
 'gpus', torch.cuda.device_count(), torch.cuda.get_device_name(0))"
 step smoke "smoke" 170 $PY -m torch.distributed.run --standalone --nproc-per-node 2 bench/gpu_smoke.py
-step tests "gpu tests" 170 $PY -m pytest -m gpu -q -p no:cacheprovider -rs tests
+step tests "gpu tests" 280 $PY -m pytest -m gpu -q -p no:cacheprovider -rs tests
 step overlap "overlap check + benchmark" 280 $PY -m torch.distributed.run --standalone \
   --nproc-per-node 2 bench/gpu_overlap.py --out "$OUTDIR"
 step quickstart "quickstart (magics, cuda)" 110 $PY bench/gpu_quickstart_check.py --ranks 2

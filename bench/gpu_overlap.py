@@ -244,10 +244,19 @@ def tile_sweep(comm, args) -> list[dict]:
                 rows = m // comm.world_size if op == "ag_gemm" else m
                 a = torch.randn(rows, k, device=comm.device, generator=g).bfloat16()
                 b = (torch.randn(k, n, device=comm.device, generator=g) / k**0.5).bfloat16()
+                ref = fn(a, b, algorithm="sequential").float()
+                tol = 1e-2 * ref.abs().max().clamp(min=1.0)
+                dist.all_reduce(tol, op=dist.ReduceOp.MAX, group=comm.group)
+                tol = tol.item()
                 row = []
                 for cfg in tiles:
                     oc.GPU_TILE = cfg
                     try:
+                        err = (fn(a, b, algorithm="fused").float() - ref).abs().max()
+                        dist.all_reduce(err, op=dist.ReduceOp.MAX, group=comm.group)
+                        err = err.item()  # every rank takes the same branch below
+                        if not err <= tol:  # a wrong result is a failure, not a time
+                            raise AssertionError(f"max error {err:.3g} > {tol:.3g}")
                         t = time_us(comm, lambda: fn(a, b, algorithm="fused"), 3,
                                     max(10, args.iters // 2))
                     except Exception as e:  # e.g. out of shared memory: report, go on

@@ -8,12 +8,18 @@ last, adding the peers' partials in the epilogue of each own tile:
 
     per call e, chunks in order me+1, me+2, ..., me (own chunk last):
       launch "peer chunk" dst (one per peer):  stage[dst] = a[dst rows] @ b
-      producer, behind that launch:            inbox@dst[e % 2][me] = stage[dst]
-                                               flags@dst[me] = e       # our partial landed
+      producer, behind that launch, per row piece i of the chunk:
+                                inbox@dst[e % 2][me][piece i] = stage[dst][piece i]
+                                flags@dst[me][i] = e              # piece i of our partial landed
       launch "own chunk":  per tile:  acc = a[me rows, tile] @ b
-                                      for src != me: wait(flags[src] >= e)  (once per program)
+                                      for src != me: wait(flags[src][piece of the tile] >= e)
                                                      acc += inbox[e % 2][src][tile]
                                       out[tile] = acc
+
+The pieces (row blocks of at least ``PIECE_BYTES``, up to ``MAX_PIECES``) let the own
+chunk's first tiles start their epilogue when the first piece has landed, not the whole
+chunk: at 8B M=16384 a peer's partial is 64 MiB, ~170 µs of copy-engine time, longer
+than the first wave of tiles.
 
 Who produces: on GPU the copy engines (``copy_`` into the peer's inbox on a side stream,
 then ``cuStreamWriteValue32`` of the epoch into the peer's flag), so the bytes cross
@@ -60,7 +66,7 @@ def gemm_rs_kernel(
     out_ptr,  # [ROWS, N]: stage[chunk] (a peer's chunk) or our reduced chunk (OWN)
     # Symmetric buffers
     inbox_ptr,  # [W, ROWS, N] this call's slot: inbox[r] = rank r's partial of our chunk
-    flags_ptr,  # int32 [W]: flags[r] = last call whose partial rank r has delivered here
+    flags_ptr,  # int32 [W, MAXP]: flags[r][i] = last call whose piece i rank r delivered
     ctx,
     trace_ptr,  # [W * tiles, 5]; this launch's tiles start at row chunk_idx * tiles
     # Sizes
@@ -68,8 +74,10 @@ def gemm_rs_kernel(
     stride_bk, stride_bn,
     chunk_idx,  # position of this launch's chunk in our order (W - 1: our own chunk)
     epoch,
+    PIECE_TILES,  # row tiles per piece of a partial chunk
     # Meta-parameters
     OWN: tl.constexpr,
+    MAXP: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
     EVEN_K: tl.constexpr, USE_TMA: tl.constexpr, B_TRANS: tl.constexpr,
     TRACE: tl.constexpr,
@@ -81,7 +89,7 @@ def gemm_rs_kernel(
     world = cl.num_ranks(ctx)
     dst = (me + 1 + chunk_idx) % world  # whose rows: the peers' first, our own last
     tiles = ((ROWS + BM - 1) // BM) * ((N + BN - 1) // BN)
-    arrived = pid * 0  # OWN: whether this program has seen every peer's partial land
+    ready = pid * 0 - 1  # OWN: pieces 0..ready of every peer's partial have landed
     for tile in tl.range(pid, tiles, nprog):
         t = chunk_idx * tiles + tile  # row in the trace buffer
         pid_m, pid_n = grouped_tile(tile, ROWS, N, BM, BN, GROUP_M)
@@ -99,11 +107,13 @@ def gemm_rs_kernel(
             stamp(trace_ptr, t, 1)
 
         if OWN:
-            # --- wait (once per program) + reduce: add every peer's partial ------------
-            if arrived == 0:
+            # --- wait + reduce: add every peer's partial of this tile -------------------
+            # (a peer's pieces land in order, so piece p's flag covers every piece <= p)
+            piece = pid_m // PIECE_TILES
+            if piece > ready:
                 for i in range(1, world):
-                    cl.wait(flags_ptr + (me + i) % world, epoch)
-                arrived = 1
+                    cl.wait(flags_ptr + ((me + i) % world) * MAXP + piece, epoch)
+                ready = piece
             if TRACE:
                 stamp(trace_ptr, t, 2)
             for i in range(1, world):
@@ -119,12 +129,29 @@ def gemm_rs_kernel(
             tl.store(out_ptr + tile_off, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-class _Producer:
-    """Sends staged partial chunks into their owners' inboxes, then the epoch flag: copy
-    engines on a side stream (GPU), host copies into shared memory (CPU)."""
+MAX_PIECES = 16  # flags per (source, call)
+PIECE_BYTES = 4 << 20  # at least this much per copy (each copy and flag write costs ~µs)
 
-    def __init__(self, comm, bufs: oc.Buffers, slot: torch.Tensor, epoch: int):
+
+def piece_tiles(comm, rows: int, n: int, elem_size: int, bm: int) -> int:
+    """Row tiles per piece of a partial chunk: pieces of >= PIECE_BYTES (CPU: one piece
+    per row tile, so the teaching shapes show several), at most MAX_PIECES."""
+    row_tiles = triton.cdiv(rows, bm)
+    if comm.backend == "cpu":
+        return triton.cdiv(row_tiles, MAX_PIECES)
+    pieces = max(1, min(MAX_PIECES, rows * n * elem_size // PIECE_BYTES))
+    return triton.cdiv(row_tiles, pieces)
+
+
+class _Producer:
+    """Sends staged partial chunks into their owners' inboxes piece by piece, each piece
+    followed by its epoch flag: copy engines on a side stream (GPU), host copies into
+    shared memory (CPU)."""
+
+    def __init__(self, comm, bufs: oc.Buffers, slot: torch.Tensor, epoch: int,
+                 piece_rows: int):
         self.comm, self.bufs, self.slot, self.epoch = comm, bufs, slot, epoch
+        self.piece_rows = piece_rows
         self.cuda = comm.backend == "cuda"
         if self.cuda:
             if "stream" not in bufs.peer_views:  # built once per buffer: host time matters
@@ -144,18 +171,23 @@ class _Producer:
 
     def send(self, p: int, staged: torch.Tensor) -> None:
         """Queue the push of ``staged`` (our partial of p's chunk) to rank p."""
-        me = self.comm.rank
+        me, rows = self.comm.rank, staged.shape[0]
         inbox, flags = self._views(p)
+        pieces = range(0, rows, self.piece_rows)
         if not self.cuda:
             with trace.span("gemm_rs:push", "copy", lane="producer"):
-                inbox[me].copy_(staged)
-                flags.view(-1)[me] = self.epoch  # after the rows: x86 keeps store order
+                for i, lo in enumerate(pieces):
+                    inbox[me, lo:lo + self.piece_rows].copy_(staged[lo:lo + self.piece_rows])
+                    flags[me, i] = self.epoch  # after the rows: x86 keeps store order
             return
         self.side.wait_stream(self.main)  # the chunk's launch has finished
         with torch.cuda.stream(self.side), trace.span("gemm_rs:push", "copy",
                                                       lane="copy engine"):
-            inbox[me].copy_(staged, non_blocking=True)  # contiguous D2D: a DMA over NVLink
-            torch.ops.symm_mem.stream_write_value32_(flags.view(-1), me, self.epoch)
+            flat = flags.view(-1)
+            for i, lo in enumerate(pieces):  # contiguous rows: DMAs over NVLink
+                inbox[me, lo:lo + self.piece_rows].copy_(staged[lo:lo + self.piece_rows],
+                                                         non_blocking=True)
+                torch.ops.symm_mem.stream_write_value32_(flat, me * MAX_PIECES + i, self.epoch)
 
     def join(self, staged: torch.Tensor) -> None:
         """The main stream goes on only when every push has left (the next call reuses
@@ -172,24 +204,24 @@ def _fused(comm, a: torch.Tensor, b: torch.Tensor):
     rows, n, k = a.shape[0] // world, b.shape[1], a.shape[1]
     cfg = oc.tile_config(comm)
     tiles = triton.cdiv(rows, cfg.BM) * triton.cdiv(n, cfg.BN)
-    bufs = oc.buffers(comm, "gemm_rs", rows, n, a.dtype, 1)
+    bufs = oc.buffers(comm, "gemm_rs", rows, n, a.dtype, MAX_PIECES)
     epoch = bufs.next_epoch()
     slot = bufs.data[epoch % 2]  # [W, rows, N]: our inbox for this call
-    flags = bufs.flags[:, 0]  # [W]
+    ptiles = piece_tiles(comm, rows, n, a.element_size(), cfg.BM)
     out = torch.empty((rows, n), dtype=a.dtype, device=a.device)
     stage = torch.empty((max(world - 1, 1), rows, n), dtype=a.dtype, device=a.device)
     tbuf = oc.trace_buffer(comm, world * tiles)
     clock = oc.Clock(comm) if tbuf is not None else None
     ops = oc.operands(comm, cfg, a, b)
-    producer = _Producer(comm, bufs, slot, epoch)
+    producer = _Producer(comm, bufs, slot, epoch, ptiles * cfg.BM)
     grid = (oc.programs(comm, tiles),)
     for c in range(world):
         own = c == world - 1
         target = out if own else stage[c]
         gemm_rs_kernel[grid](
-            ops.a, ops.b, target, slot, flags, comm.context, tbuf,
-            rows, n, k, b.stride(0), b.stride(1), c, epoch,
-            OWN=own, BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, GROUP_M=cfg.GROUP_M,
+            ops.a, ops.b, target, slot, bufs.flags, comm.context, tbuf,
+            rows, n, k, b.stride(0), b.stride(1), c, epoch, ptiles,
+            OWN=own, MAXP=MAX_PIECES, BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, GROUP_M=cfg.GROUP_M,
             EVEN_K=k % cfg.BK == 0, USE_TMA=ops.tma, B_TRANS=ops.b_trans,
             TRACE=tbuf is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
