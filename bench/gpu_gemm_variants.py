@@ -1,0 +1,157 @@
+"""Which form of the Triton GEMM is fastest on this GPU? One GPU, no communication.
+
+    python bench/gpu_gemm_variants.py --out DIR
+
+The overlapped kernels (commlab.overlap) pay for their overlap with a Triton GEMM in
+place of cuBLAS; on 2xH200 that GEMM was 0.5-4% slower than cuBLAS on the Llama-3 8B
+shapes (bench/results/overlap-2xh200-w2.json, impl "triton_gemm_only"), which caps the
+share of the communication they can hide. This script times variants of one persistent
+TMA GEMM against torch.matmul (cuBLAS) on the shapes the overlap benchmark uses:
+
+    base      TMA loads, a pointer store of the tile (what commlab.overlap runs)
+    tma_store the tile stored through a TMA descriptor
+    subtile   TMA store in two column halves (less shared memory for the epilogue)
+    flatten   tl.range(..., flatten=True): the compiler pipelines across tiles
+    ws        tl.range(..., warp_specialize=True): producer/consumer warps
+
+under a few tile configurations. Each: warm-up, median of 20 CUDA-event timed calls;
+every variant's result is checked against cuBLAS first. Writes DIR/gemm-variants.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+# (name, M, K, N): the local GEMMs of bench/gpu_overlap.py (W=2)
+SHAPES = [("ag 8B", 8192, 4096, 14336), ("ag 8B", 16384, 4096, 14336),
+          ("rs 8B", 8192, 7168, 4096), ("rs 8B", 16384, 7168, 4096),
+          ("ag 70B", 8192, 8192, 28672), ("rs 70B", 8192, 14336, 8192)]
+VARIANTS = {"base": {}, "tma_store": {"TMA_STORE": True},
+            "subtile": {"TMA_STORE": True, "SUBTILE": True},
+            "flatten": {"FLATTEN": True}, "flatten+tma_store": {"FLATTEN": True, "TMA_STORE": True},
+            "ws": {"WS": True}, "ws+subtile": {"WS": True, "TMA_STORE": True, "SUBTILE": True}}
+TILES = ["128x256x64w8s3", "128x256x64w8s4", "128x128x64w4s4", "128x256x128w8s2"]
+
+
+@triton.jit
+def gemm_variant(a_desc, b_desc, c_desc, c_ptr, M, N, K, NUM_SMS: tl.constexpr,
+                 BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+                 TMA_STORE: tl.constexpr, SUBTILE: tl.constexpr, FLATTEN: tl.constexpr,
+                 WS: tl.constexpr):
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BM)
+    num_n = tl.cdiv(N, BN)
+    k_tiles = tl.cdiv(K, BK)
+    tiles = num_m * num_n
+    for tile in tl.range(pid, tiles, NUM_SMS, flatten=FLATTEN, warp_specialize=WS):
+        width = GROUP_M * num_n
+        first_m = (tile // width) * GROUP_M
+        group_rows = min(num_m - first_m, GROUP_M)
+        pid_m = first_m + (tile % width) % group_rows
+        pid_n = (tile % width) // group_rows
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for ki in range(k_tiles):
+            a = a_desc.load([pid_m * BM, ki * BK])
+            b = b_desc.load([ki * BK, pid_n * BN])
+            acc = tl.dot(a, b, acc)
+        if TMA_STORE:
+            if SUBTILE:
+                acc3 = tl.permute(tl.reshape(acc, (BM, 2, BN // 2)), (0, 2, 1))
+                c0, c1 = tl.split(acc3)
+                c_desc.store([pid_m * BM, pid_n * BN], c0.to(tl.bfloat16))
+                c_desc.store([pid_m * BM, pid_n * BN + BN // 2], c1.to(tl.bfloat16))
+            else:
+                c_desc.store([pid_m * BM, pid_n * BN], acc.to(tl.bfloat16))
+        else:
+            offs_m = pid_m * BM + tl.arange(0, BM)
+            offs_n = pid_n * BN + tl.arange(0, BN)
+            mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+            tl.store(c_ptr + offs_m[:, None].to(tl.int64) * N + offs_n[None, :],
+                     acc.to(tl.bfloat16), mask=mask)
+
+
+def run_variant(a, b, tile: str, flags: dict, sms: int):
+    dims, rest = tile.split("w")
+    bm, bn, bk = (int(v) for v in dims.split("x"))
+    warps, stages = (int(v) for v in rest.split("s"))
+    m, k = a.shape
+    n = b.shape[1]
+    c = torch.empty(m, n, device=a.device, dtype=a.dtype)
+    sub = flags.get("SUBTILE", False)
+    descs = (TensorDescriptor.from_tensor(a, [bm, bk]), TensorDescriptor.from_tensor(b, [bk, bn]),
+             TensorDescriptor.from_tensor(c, [bm, bn // 2 if sub else bn]))
+    grid = (min(sms, triton.cdiv(m, bm) * triton.cdiv(n, bn)),)
+    kw = dict(TMA_STORE=False, SUBTILE=False, FLATTEN=False, WS=False) | flags
+
+    def fn():
+        gemm_variant[grid](*descs, c, m, n, k, NUM_SMS=grid[0], BM=bm, BN=bn, BK=bk, GROUP_M=8,
+                           num_warps=warps, num_stages=stages, **kw)
+        return c
+    return fn
+
+
+def time_us(fn, warmup=5, iters=20) -> float:
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+          for _ in range(iters)]
+    torch.cuda._sleep(20_000_000)
+    for s, e in ev:
+        s.record()
+        fn()
+        e.record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) * 1e3 for s, e in ev)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", default="bench/results")
+    args = p.parse_args()
+    dev = torch.device("cuda", 0)
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8,
+                                                                 device=dev))
+    records = []
+    for name, m, k, n in SHAPES:
+        g = torch.Generator(device=dev).manual_seed(3)
+        a = torch.randn(m, k, device=dev, generator=g).bfloat16()
+        b = (torch.randn(k, n, device=dev, generator=g) / k**0.5).bfloat16()
+        ref = a @ b
+        cublas = time_us(lambda: a @ b)
+        records.append(dict(shape=name, m=m, k=k, n=n, variant="cublas", tile="", time_us=cublas))
+        line = [f"{name:7} M={m:5d} cuBLAS {cublas:8.1f}"]
+        for tile in TILES:
+            for vname, flags in VARIANTS.items():
+                try:
+                    fn = run_variant(a, b, tile, flags, sms)
+                    err = (fn().float() - ref.float()).abs().max().item()
+                    if not err <= 2e-2 * max(1.0, ref.float().abs().max().item()):
+                        raise AssertionError(f"wrong result, max error {err:.3g}")
+                    t = time_us(fn)
+                except Exception as e:  # report and go on (e.g. out of shared memory)
+                    print(f"  {name} M={m} {tile} {vname}: {type(e).__name__}: "
+                          f"{str(e).splitlines()[0][:120] if str(e) else ''}", flush=True)
+                    t = float("nan")
+                records.append(dict(shape=name, m=m, k=k, n=n, variant=vname, tile=tile,
+                                    time_us=t))
+                line.append(f"{tile} {vname} {t:8.1f} ({t / cublas - 1:+.1%})")
+        print("\n    ".join(line), flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "gemm-variants.json").write_text(json.dumps(dict(
+        device=torch.cuda.get_device_name(dev), torch=torch.__version__,
+        triton=triton.__version__, records=records), indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
