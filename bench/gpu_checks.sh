@@ -31,7 +31,7 @@ $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton
 step smoke "smoke" 170 $PY -m torch.distributed.run --standalone --nproc-per-node 2 bench/gpu_smoke.py
 step tests "gpu tests" 280 $PY -m pytest -m gpu -q -p no:cacheprovider -rs tests
 step overlap "overlap check + benchmark" 280 $PY -m torch.distributed.run --standalone \
-  --nproc-per-node 2 bench/gpu_overlap.py --out "$OUTDIR"
+  --nproc-per-node 2 bench/gpu_overlap.py --out "$OUTDIR" ${OVERLAP_ARGS:-}
 step quickstart "quickstart (magics, cuda)" 110 $PY bench/gpu_quickstart_check.py --ranks 2
 step nvml "NVML counter probe" 100 $PY bench/nvml_probe.py
 step topology "topology + linkbench" 110 $PY bench/gpu_topology_check.py "$OUTDIR/topo"
