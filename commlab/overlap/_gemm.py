@@ -14,16 +14,17 @@ import triton
 import triton.language as tl
 
 from commlab.overlap import _common as oc
-from commlab.overlap._tiles import grouped_tile, mma
+from commlab.overlap._tiles import grouped_tile, mma, store_tile
 
 
 @triton.jit
 def gemm_kernel(
-    a_src, b_src, out_ptr,  # A [M, K] and B as in the fused kernels; out [M, N]
+    a_src, b_src, out,  # A [M, K] and B as in the fused kernels; out [M, N] (store_tile)
     M, N, K,
     stride_bk, stride_bn,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
     EVEN_K: tl.constexpr, USE_TMA: tl.constexpr, B_TRANS: tl.constexpr,
+    OUT_TMA: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -32,11 +33,7 @@ def gemm_kernel(
         pid_m, pid_n = grouped_tile(tile, M, N, BM, BN, GROUP_M)
         acc = mma(a_src, pid_m * 0, M, b_src, stride_bk, stride_bn, N, K, pid_m, pid_n,
                   BM, BN, BK, EVEN_K, USE_TMA, B_TRANS)
-        offs_m = pid_m * BM + tl.arange(0, BM)
-        offs_n = pid_n * BN + tl.arange(0, BN)
-        mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-        tl.store(out_ptr + offs_m[:, None].to(tl.int64) * N + offs_n[None, :],
-                 acc.to(out_ptr.dtype.element_ty), mask=mask)
+        store_tile(out, pid_m * 0, M, N, pid_m, pid_n, acc, BM, BN, OUT_TMA)
 
 
 def matmul(comm, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -47,11 +44,12 @@ def matmul(comm, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     cfg = oc.tile_config(comm)
     out = torch.empty((m, n), dtype=a.dtype, device=a.device)
     ops = oc.operands(comm, cfg, a, b)
+    dst, out_tma = oc.output(ops, cfg, out, m)
     tiles = triton.cdiv(m, cfg.BM) * triton.cdiv(n, cfg.BN)
     gemm_kernel[(oc.programs(comm, tiles),)](
-        ops.a, ops.b, out, m, n, k, b.stride(0), b.stride(1),
+        ops.a, ops.b, dst, m, n, k, b.stride(0), b.stride(1),
         BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, GROUP_M=cfg.GROUP_M, EVEN_K=k % cfg.BK == 0,
-        USE_TMA=ops.tma, B_TRANS=ops.b_trans, num_warps=cfg.num_warps,
+        USE_TMA=ops.tma, B_TRANS=ops.b_trans, OUT_TMA=out_tma, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
     return out

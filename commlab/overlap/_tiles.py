@@ -137,3 +137,21 @@ def mma(a_src, row0, rows, b_src, stride_bk, stride_bn, N, K, pid_m, pid_n,
         acc = mma_tile(a_src + tl.cast(row0, tl.int64) * K, K, b_src, stride_bk, stride_bn, rows, N,
                        K, pid_m, pid_n, BM, BN, BK, EVEN_K)
     return acc
+
+
+@triton.jit
+def store_tile(out, row0, rows, N, pid_m, pid_n, acc, BM: tl.constexpr, BN: tl.constexpr,
+               OUT_TMA: tl.constexpr):
+    """Store fp32 tile (pid_m, pid_n) of a [rows, N] block starting at row ``row0`` of
+    ``out``, in out's dtype: through a TMA descriptor (OUT_TMA; exact because the host
+    only asks for it when the tile cannot cross into the next block) or a pointer with
+    the edge masked."""
+    if OUT_TMA:
+        out.store([row0 + pid_m * BM, pid_n * BN], acc.to(out.dtype))
+    else:
+        offs_m = pid_m * BM + tl.arange(0, BM)
+        offs_n = pid_n * BN + tl.arange(0, BN)
+        mask = (offs_m[:, None] < rows) & (offs_n[None, :] < N)
+        rows_at = tl.cast(row0, tl.int64) + offs_m
+        tl.store(out + rows_at[:, None] * N + offs_n[None, :],
+                 acc.to(out.dtype.element_ty), mask=mask)

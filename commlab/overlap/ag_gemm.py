@@ -39,7 +39,7 @@ import commlab.language as cl
 from commlab import trace
 from commlab.collectives._common import agree, comm_or_raise, launch_for
 from commlab.overlap import _common as oc
-from commlab.overlap._tiles import grouped_tile, mma, stamp
+from commlab.overlap._tiles import grouped_tile, mma, stamp, store_tile
 from commlab.runtime.peer import peer_view
 
 
@@ -82,7 +82,7 @@ def ag_gemm_kernel(
     # Local buffers (tensor descriptors when USE_TMA, else pointers)
     a_src,  # [ROWS, K] this rank's shard (chunk `me` of the gathered A)
     b_src,  # [K, N] ([N, K] when B_TRANS)
-    out_ptr,  # [W * ROWS, N]
+    out,  # [W * ROWS, N] (store_tile)
     # Symmetric buffers
     gathered_src,  # [W * ROWS, K] this call's slot; chunk r is written by rank r
     flags_ptr,  # int32 [W]
@@ -95,7 +95,7 @@ def ag_gemm_kernel(
     # Meta-parameters
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
     EVEN_K: tl.constexpr, USE_TMA: tl.constexpr, B_TRANS: tl.constexpr,
-    TRACE: tl.constexpr,
+    OUT_TMA: tl.constexpr, TRACE: tl.constexpr,
 ):
     # Persistent: program p takes tiles p, p + P, p + 2P, ... of the chunk-major order,
     # so every program starts on our own chunk and reaches the peers' chunks last.
@@ -129,12 +129,7 @@ def ag_gemm_kernel(
             row0 = src * ROWS
         acc = mma(rows_src, row0, ROWS, b_src, stride_bk, stride_bn, N, K, pid_m, pid_n,
                   BM, BN, BK, EVEN_K, USE_TMA, B_TRANS)
-        offs_m = pid_m * BM + tl.arange(0, BM)
-        offs_n = pid_n * BN + tl.arange(0, BN)
-        mask = (offs_m[:, None] < ROWS) & (offs_n[None, :] < N)
-        rows = src.to(tl.int64) * ROWS + offs_m
-        tl.store(out_ptr + rows[:, None] * N + offs_n[None, :],
-                 acc.to(out_ptr.dtype.element_ty), mask=mask)
+        store_tile(out, src * ROWS, ROWS, N, pid_m, pid_n, acc, BM, BN, OUT_TMA)
         if TRACE:
             stamp(trace_ptr, t, 2)
 
@@ -187,11 +182,12 @@ def _fused(comm, a: torch.Tensor, b: torch.Tensor):
         ag_push_kernel[(1,)](a, slot, flags, comm.context, ptrace, a.numel(), epoch,
                              BLOCK=lc.block, TRACE=ptrace is not None)
     ops = oc.operands(comm, cfg, a, b, slot.view(world * rows, k))
+    dst, out_tma = oc.output(ops, cfg, out, rows)
     ag_gemm_kernel[(oc.programs(comm, tiles),)](
-        ops.a, ops.b, out, ops.extra, flags, comm.context, tbuf,
+        ops.a, ops.b, dst, ops.extra, flags, comm.context, tbuf,
         rows, n, k, b.stride(0), b.stride(1), epoch,
         BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, GROUP_M=cfg.GROUP_M, EVEN_K=k % cfg.BK == 0,
-        USE_TMA=ops.tma, B_TRANS=ops.b_trans, TRACE=tbuf is not None,
+        USE_TMA=ops.tma, B_TRANS=ops.b_trans, OUT_TMA=out_tma, TRACE=tbuf is not None,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if done is not None:

@@ -54,7 +54,7 @@ import commlab.language as cl
 from commlab import trace
 from commlab.collectives._common import agree, comm_or_raise
 from commlab.overlap import _common as oc
-from commlab.overlap._tiles import grouped_tile, mma, stamp
+from commlab.overlap._tiles import grouped_tile, mma, stamp, store_tile
 from commlab.runtime.peer import peer_view
 
 
@@ -63,7 +63,7 @@ def gemm_rs_kernel(
     # Local buffers (tensor descriptors when USE_TMA, else pointers)
     a_src,  # [W * ROWS, K] this rank's activations (K = this rank's share)
     b_src,  # [K, N] ([N, K] when B_TRANS)
-    out_ptr,  # [ROWS, N]: stage[chunk] (a peer's chunk) or our reduced chunk (OWN)
+    out,  # [ROWS, N]: stage[chunk] (a peer's chunk) or our reduced chunk (OWN); store_tile
     # Symmetric buffers
     inbox_ptr,  # [W, ROWS, N] this call's slot: inbox[r] = rank r's partial of our chunk
     flags_ptr,  # int32 [W, MAXP]: flags[r][i] = last call whose piece i rank r delivered
@@ -78,6 +78,7 @@ def gemm_rs_kernel(
     # Meta-parameters
     OWN: tl.constexpr,
     MAXP: tl.constexpr,
+    OUT_TMA: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
     EVEN_K: tl.constexpr, USE_TMA: tl.constexpr, B_TRANS: tl.constexpr,
     TRACE: tl.constexpr,
@@ -99,10 +100,6 @@ def gemm_rs_kernel(
         # --- compute: our partial of tile (pid_m, pid_n) of chunk dst ------------------
         acc = mma(a_src, dst * ROWS, ROWS, b_src, stride_bk, stride_bn, N, K, pid_m, pid_n,
                   BM, BN, BK, EVEN_K, USE_TMA, B_TRANS)
-        offs_m = pid_m * BM + tl.arange(0, BM)
-        offs_n = pid_n * BN + tl.arange(0, BN)
-        mask = (offs_m[:, None] < ROWS) & (offs_n[None, :] < N)
-        tile_off = offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
         if TRACE:
             stamp(trace_ptr, t, 1)
 
@@ -116,17 +113,21 @@ def gemm_rs_kernel(
                 ready = piece
             if TRACE:
                 stamp(trace_ptr, t, 2)
+            offs_m = pid_m * BM + tl.arange(0, BM)
+            offs_n = pid_n * BN + tl.arange(0, BN)
+            mask = (offs_m[:, None] < ROWS) & (offs_n[None, :] < N)
+            tile_off = offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
             for i in range(1, world):
                 src = (me + i) % world
                 part = tl.load(inbox_ptr + src.to(tl.int64) * ROWS * N + tile_off, mask=mask,
                                other=0.0)
                 acc += part.to(tl.float32)
-            tl.store(out_ptr + tile_off, acc.to(out_ptr.dtype.element_ty), mask=mask)
+            store_tile(out, pid_m * 0, ROWS, N, pid_m, pid_n, acc, BM, BN, OUT_TMA)
             if TRACE:
                 stamp(trace_ptr, t, 3)
         else:
             # the partial, staged locally for the producer to send
-            tl.store(out_ptr + tile_off, acc.to(out_ptr.dtype.element_ty), mask=mask)
+            store_tile(out, pid_m * 0, ROWS, N, pid_m, pid_n, acc, BM, BN, OUT_TMA)
 
 
 MAX_PIECES = 16  # flags per (source, call)
@@ -217,11 +218,12 @@ def _fused(comm, a: torch.Tensor, b: torch.Tensor):
     grid = (oc.programs(comm, tiles),)
     for c in range(world):
         own = c == world - 1
-        target = out if own else stage[c]
+        target, out_tma = oc.output(ops, cfg, out if own else stage[c], rows)
         gemm_rs_kernel[grid](
             ops.a, ops.b, target, slot, bufs.flags, comm.context, tbuf,
             rows, n, k, b.stride(0), b.stride(1), c, epoch, ptiles,
-            OWN=own, MAXP=MAX_PIECES, BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, GROUP_M=cfg.GROUP_M,
+            OWN=own, MAXP=MAX_PIECES, OUT_TMA=out_tma,
+            BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, GROUP_M=cfg.GROUP_M,
             EVEN_K=k % cfg.BK == 0, USE_TMA=ops.tma, B_TRANS=ops.b_trans,
             TRACE=tbuf is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
