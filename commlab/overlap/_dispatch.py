@@ -33,9 +33,9 @@ ag_gemm 8B, where fused wins by 8%; auto keeps one threshold per op
 rather than a rule fitted to one shape. Below it, auto runs "cl seq": 4-17% faster
 than NCCL + matmul and 7-27% faster than PyTorch's fused ops at M=512.
 
-The CPU backend always runs the fused kernels (it exists to show how they work); so
-does nothing inside a CUDA-graph capture (the fused kernels number their calls on the
-host), where auto runs the sequential path.
+The CPU backend always runs the fused kernels (it exists to show how they work).
+Inside a CUDA-graph capture auto runs the sequential path: the fused kernels number
+their calls on the host, which a replay would freeze.
 """
 
 from __future__ import annotations
