@@ -305,7 +305,7 @@ def main() -> int:
     p.add_argument("--models", default="8B,70B")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--iters", type=int, default=30)
-    p.add_argument("--rounds", type=int, default=3,
+    p.add_argument("--rounds", type=int, default=5,
                    help="interleaved rounds per shape; the median round is recorded")
     p.add_argument("--skip-check", action="store_true")
     p.add_argument("--eager", action="store_true", help="time without queueing (host included)")

@@ -211,12 +211,14 @@ def test_writing_merges_new_measurements_over_old(tmp_path):
 
 def test_commbench_draws_recorded_results_and_rejects_bad_flags(tmp_path):
     from IPython.core.error import UsageError
-    from IPython.testing.globalipapp import get_ipython
+    from IPython.core.interactiveshell import InteractiveShell
     from IPython.utils.capture import capture_output
 
     from commlab.magics import bench as magic
 
-    ip = get_ipython()
+    # the process's one shell, whichever test made it first (a second shell class, as
+    # IPython.testing.globalipapp makes, fails once the magics tests made theirs)
+    ip = InteractiveShell.instance()
     magic.register(ip)
     recs = [Record.measured(op="all_reduce", impl=impl, dtype="bfloat16", nbytes=n,
                             world_size=2, time_us=t, device="NVIDIA H200", commit="c",
@@ -226,7 +228,8 @@ def test_commbench_draws_recorded_results_and_rejects_bad_flags(tmp_path):
     path = bench.write_records(tmp_path / "2xh200-w2.json", recs)
     with capture_output() as out:
         ip.run_line_magic("commbench", f"--load {path}")
-    assert "commlab:two_shot" in out.stdout and len(out.outputs) == 1  # the figure
+    figures = [o for o in out.outputs if "application/vnd.plotly.v1+json" in o.data]
+    assert "commlab:two_shot" in out.stdout and len(figures) == 1
     assert len(ip.user_ns["_commbench"]) == 4
     with pytest.raises(UsageError, match="unknown"):
         ip.run_line_magic("commbench", "--ops all_reduse")

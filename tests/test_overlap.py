@@ -176,9 +176,35 @@ def _check_trace(comm, checks, g):
         assert max(s.end_us for s in local) <= first_wait + 1e-3
 
 
+def _check_pieces(comm, checks, g):
+    """gemm_rs on a chunk of many row tiles: the partial goes in pieces, each flagged."""
+    import triton
+
+    import commlab
+    from commlab.overlap import _common as oc
+    from commlab.overlap.gemm_rs import MAX_PIECES, piece_tiles
+
+    rows, k, n = 288, 16, 8  # 18 row tiles of 16 (one column tile): 2 per piece, 9 pieces
+    a = torch.randn(comm.world_size * rows, k, generator=g).bfloat16()
+    b = torch.randn(k, n, generator=g).bfloat16()
+    out = commlab.gemm_rs(a, b, algorithm="fused")
+    with checks.case("gemm_rs_pieces", "a partial chunk of 18 row tiles lands in 9 pieces"):
+        _close(out, _reduce_scattered(comm, (a.float() @ b.float()).bfloat16().float()))
+        ptiles = piece_tiles(comm, rows, n, 2, oc.CPU_TILE.BM)
+        pieces = triton.cdiv(rows, ptiles * oc.CPU_TILE.BM)
+        assert (ptiles, pieces) == (2, 9), (ptiles, pieces)
+        bufs = oc.buffers(comm, "gemm_rs", rows, n, torch.bfloat16, MAX_PIECES)  # cached
+        for src in range(comm.world_size):
+            if src != comm.rank:  # written by src's producer: one flag per piece
+                assert bufs.flags[src, :pieces].tolist() == [bufs.epoch] * pieces
+                assert not bufs.flags[src, pieces:].any()
+
+
 def overlap_world(comm, seed):
     g = torch.Generator().manual_seed(seed + comm.rank)
     checks = Checks(comm.rank)
+    if comm.world_size == 2:
+        _check_pieces(comm, checks, g)
     _check_numerics(comm, checks, g)
     _check_errors(comm, checks)
     _check_trace(comm, checks, g)
@@ -238,3 +264,20 @@ def test_tile_timeline_records_roles_per_program(results, world_size):
 @pytest.mark.parametrize("world_size", WORLDS)
 def test_the_fused_kernels_gemm_alone_matches_torch(results, world_size):
     assert_checks(results(world_size), "triton_gemm")
+
+
+def test_gemm_rs_sends_partials_in_pieces_of_at_least_4_mib_and_at_most_16():
+    from types import SimpleNamespace
+
+    from commlab.overlap.gemm_rs import piece_tiles
+
+    gpu = SimpleNamespace(backend="cuda")
+    # (rows, N) of bf16 -> row tiles of 128 per piece
+    assert piece_tiles(gpu, 256, 4096, 2, 128) == 2  # 2 MiB: one piece
+    assert piece_tiles(gpu, 4096, 4096, 2, 128) == 4  # 32 MiB: 8 pieces of 4 row tiles
+    assert piece_tiles(gpu, 8192, 8192, 2, 128) == 4  # 128 MiB: capped at 16 pieces
+    assert piece_tiles(gpu, 1000, 136, 2, 128) == 8  # tiny: one piece of every row tile
+
+
+def test_pieces_of_a_partial_chunk_land_with_their_own_flags(results):
+    assert_checks(results(2), "gemm_rs_pieces")
