@@ -48,7 +48,7 @@ def refuse_capture(op: str, comm: Communicator) -> None:
         raise CommlabUsageError(
             f"{op}(algorithm='fused') cannot be captured in a CUDA graph: it numbers its "
             f"calls on the host, and a replay would reuse the captured numbers; inside "
-            f"graphs pass algorithm='sequential'")
+            f"graphs pass algorithm='sequential' (or 'auto', which runs it there)")
 
 
 def check_gemm_args(op: str, comm: Communicator, a, b, algorithm: str,
