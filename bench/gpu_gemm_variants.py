@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 from pathlib import Path
 
@@ -30,6 +29,8 @@ import torch
 import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
+
+from commlab.bench._timing import time_per_call
 
 # (name, M, K, N): the local GEMMs of bench/gpu_overlap.py (W=2)
 SHAPES = [("ag 8B", 8192, 4096, 14336), ("rs 8B", 8192, 7168, 4096)]
@@ -99,19 +100,8 @@ def run_variant(a, b, tile: str, flags: dict, sms: int):
     return fn
 
 
-def time_us(fn, warmup=5, iters=20) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-          for _ in range(iters)]
-    torch.cuda._sleep(20_000_000)
-    for s, e in ev:
-        s.record()
-        fn()
-        e.record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) * 1e3 for s, e in ev)
+def time_us(fn) -> float:
+    return time_per_call(fn, 20, warmup=5, sleep_cycles=20_000_000)
 
 
 def save(out_dir: str, dev, records: list) -> None:

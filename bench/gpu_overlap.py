@@ -44,6 +44,7 @@ import torch.distributed as dist  # noqa: E402
 
 import commlab  # noqa: E402
 from commlab.bench._records import device_name, git_commit, machine_tag  # noqa: E402
+from commlab.bench._timing import time_per_call  # noqa: E402
 
 # Llama-3 tensor-parallel MLP projections at W=2 (DESIGN.md): (K, N) of the local GEMM
 SHAPES = {
@@ -51,7 +52,6 @@ SHAPES = {
     "gemm_rs": {"8B": (7168, 4096), "70B": (14336, 8192)},
 }
 MS = (512, 2048, 8192, 16384)
-SLEEP_CYCLES = 80_000_000
 
 
 def log(comm, *a):
@@ -107,28 +107,8 @@ def make_impls(comm, op: str, m: int, k: int, n: int, dtype=torch.bfloat16) -> d
 
 
 def time_us(comm, fn, warmup: int, iters: int, queued: bool = True) -> float:
-    """Median per-call device time (us) over back-to-back calls, the slowest rank's.
-
-    queued: the device first sleeps while the host enqueues every call, so each event
-    pair brackets device work only (what the GPU spends, as in a training step where the
-    host runs ahead); otherwise the host's per-call cost shows when it is the larger."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    dist.barrier(group=comm.cpu_group)
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-          for _ in range(iters)]
-    if queued:
-        torch.cuda._sleep(SLEEP_CYCLES)  # ~40 ms: longer than enqueuing every call
-    for s, e in ev:
-        s.record()
-        fn()
-        e.record()
-    torch.cuda.synchronize()
-    med = torch.tensor([statistics.median(s.elapsed_time(e) * 1e3 for s, e in ev)],
-                       device=comm.device)
-    dist.all_reduce(med, op=dist.ReduceOp.MAX, group=comm.group)
-    return float(med.item())
+    """Median per-call device time (us), the slowest rank's (``time_per_call``)."""
+    return time_per_call(fn, iters, warmup=warmup, queued=queued, group=comm.cpu_group)
 
 
 # --- 1. correctness ------------------------------------------------------------------

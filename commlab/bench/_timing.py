@@ -85,6 +85,40 @@ def time_back_to_back(fn, iters: int, *, warmup: int = 2, group=None) -> float:
     return float(t.item())
 
 
+QUEUE_SLEEP_CYCLES = 80_000_000  # ~40 ms of device sleep on H200
+
+
+def time_per_call(fn, iters: int, *, warmup: int = 5, queued: bool = True,
+                  sleep_cycles: int = QUEUE_SLEEP_CYCLES, group=None) -> float:
+    """Median µs of one call from a CUDA-event pair around each of ``iters``
+    back-to-back calls, after a warm-up and a device drain (and a barrier plus the
+    slowest rank's median when ``group``, a gloo group, is given).
+
+    queued: the device first sleeps while the host enqueues every call, so each event
+    pair brackets device work only (what the GPU spends when the host runs ahead, as
+    in a training step); otherwise the host's per-call cost shows when it is larger."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    if group is not None:
+        dist.barrier(group=group)
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+          for _ in range(iters)]
+    if queued:
+        torch.cuda._sleep(sleep_cycles)  # longer than enqueuing every call
+    for s, e in ev:
+        s.record()
+        fn()
+        e.record()
+    torch.cuda.synchronize()
+    med = statistics.median(s.elapsed_time(e) * 1e3 for s, e in ev)
+    if group is None:
+        return med
+    t = torch.tensor([med], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return float(t.item())
+
+
 def graph_calls(out_bytes: int) -> int:
     """Calls per graph: GRAPH_CALLS, fewer when their outputs would not fit GRAPH_MEMORY."""
     return max(1, min(GRAPH_CALLS, GRAPH_MEMORY // max(1, out_bytes)))

@@ -11,6 +11,7 @@ import torch
 
 from commlab.collectives._common import dtype_name
 from commlab.runtime.communicator import Communicator
+from commlab.runtime.peer import peer_view
 from commlab.trace._recorder import RECORDER, Span
 
 DTYPES = (torch.bfloat16, torch.float16)
@@ -164,11 +165,28 @@ class Buffers:
     data: torch.Tensor  # [2, W, rows, cols]
     flags: torch.Tensor  # int32 [W, n_flags]
     epoch: int = 0
-    peer_views: dict = field(default_factory=dict)
+    _cache: dict = field(default_factory=dict)  # side stream, peer views (host time matters)
 
     def next_epoch(self) -> int:
         self.epoch += 1
         return self.epoch
+
+    def side_stream(self) -> torch.cuda.Stream:
+        """The stream this buffer's copy-engine producer runs on (CUDA)."""
+        if "stream" not in self._cache:
+            self._cache["stream"] = torch.cuda.Stream(self.comm.device)
+        return self._cache["stream"]
+
+    def on_peer(self, slot: torch.Tensor, p: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(``slot`` of ``data``, ``flags``) as they live on rank p: host copies into
+        them are copy-engine copies (CUDA) or memcpys into shared memory (CPU). The
+        flags are uint32 on CUDA, the type stream writes take."""
+        key = (p, slot.data_ptr())
+        if key not in self._cache:
+            flags = torch.uint32 if self.comm.backend == "cuda" else None
+            self._cache[key] = (peer_view(self.comm, slot, p),
+                                peer_view(self.comm, self.flags, p, flags))
+        return self._cache[key]
 
 
 _CACHE: OrderedDict = OrderedDict()

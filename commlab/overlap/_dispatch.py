@@ -40,6 +40,8 @@ their calls on the host, which a replay would freeze.
 
 from __future__ import annotations
 
+import torch
+
 from commlab.runtime.communicator import Communicator
 
 # op -> smallest M (total rows) at which "fused" beat "sequential" on 2xH200
@@ -51,8 +53,6 @@ def choose(op: str, comm: Communicator, m: int, n: int, k: int) -> str:
     was agreed on first)."""
     if comm.backend == "cpu":
         return "fused"
-    import torch
-
     if torch.cuda.is_current_stream_capturing():
         return "sequential"  # the fused kernels number calls on the host: not replayable
     return "fused" if m >= MIN_FUSED_M[op] else "sequential"

@@ -41,7 +41,6 @@ from commlab import trace
 from commlab.collectives._common import agree, comm_or_raise, launch_for
 from commlab.overlap import _common as oc
 from commlab.overlap._tiles import grouped_tile, mma, stamp, store_tile
-from commlab.runtime.peer import peer_view
 
 
 @triton.jit
@@ -138,25 +137,18 @@ def ag_gemm_kernel(
 def _push_cuda(comm, a, bufs: oc.Buffers, slot: torch.Tensor, epoch: int) -> torch.cuda.Event:
     """Copy-engine producer: push ``a`` to every peer's slot, then its epoch flag."""
     main = torch.cuda.current_stream(comm.device)
-    if "stream" not in bufs.peer_views:  # (host time matters: build these once per buffer)
-        bufs.peer_views["stream"] = torch.cuda.Stream(comm.device)
-    side = bufs.peer_views["stream"]
+    side = bufs.side_stream()
     side.wait_stream(main)  # a is ready; our GEMM of the previous call has finished
     me, world = comm.rank, comm.world_size
     with torch.cuda.stream(side), trace.span("ag_gemm:push", "copy", lane="copy engine"):
         for i in range(1, world):
             p = (me + i) % world
-            key = (p, slot.data_ptr())
-            if key not in bufs.peer_views:
-                bufs.peer_views[key] = (peer_view(comm, slot, p),
-                                        peer_view(comm, bufs.flags, p, torch.uint32))
-            views = bufs.peer_views[key]
-            views[0][me].copy_(a, non_blocking=True)  # contiguous D2D: a copy-engine memcpy
-            torch.ops.symm_mem.stream_write_value32_(views[1].view(-1), me, epoch)
+            their_slot, their_flags = bufs.on_peer(slot, p)
+            their_slot[me].copy_(a, non_blocking=True)  # contiguous D2D: a copy-engine memcpy
+            torch.ops.symm_mem.stream_write_value32_(their_flags.view(-1), me, epoch)
     done = torch.cuda.Event()
     done.record(side)
-    a.record_stream(side)
-    return done
+    return done  # the caller's main stream waits for it before a can be freed or reused
 
 
 def _fused(comm, a: torch.Tensor, b: torch.Tensor):
@@ -230,7 +222,8 @@ def ag_gemm(a: torch.Tensor, b: torch.Tensor, *, algorithm: str = "auto") -> tor
     nbytes = (comm.world_size - 1) * a.numel() * a.element_size()
     if algo == "sequential":  # (its collective records its own span)
         return _sequential(comm, a, b)
-    oc.refuse_capture("ag_gemm", comm)
+    if algorithm == "fused":  # (auto chose fused only outside a capture)
+        oc.refuse_capture("ag_gemm", comm)
     with trace.collective("ag_gemm", nbytes, algo, comm.device):
         out, decode = _fused(comm, a.contiguous(), b)
     if decode is not None:

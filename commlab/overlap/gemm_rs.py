@@ -60,7 +60,6 @@ from commlab import trace
 from commlab.collectives._common import agree, comm_or_raise
 from commlab.overlap import _common as oc
 from commlab.overlap._tiles import grouped_tile, mma, stamp, store_tile
-from commlab.runtime.peer import peer_view
 
 
 @triton.jit
@@ -160,25 +159,13 @@ class _Producer:
         self.piece_rows = piece_rows
         self.cuda = comm.backend == "cuda"
         if self.cuda:
-            if "stream" not in bufs.peer_views:  # built once per buffer: host time matters
-                bufs.peer_views["stream"] = torch.cuda.Stream(comm.device)
-            self.side = bufs.peer_views["stream"]
+            self.side = bufs.side_stream()
             self.main = torch.cuda.current_stream(comm.device)
-
-    def _views(self, p: int):
-        key = (p, self.slot.data_ptr())
-        views = self.bufs.peer_views.get(key)
-        if views is None:
-            flags_dtype = torch.uint32 if self.cuda else torch.int32
-            views = self.bufs.peer_views[key] = (peer_view(self.comm, self.slot, p),
-                                                 peer_view(self.comm, self.bufs.flags, p,
-                                                           flags_dtype))
-        return views
 
     def send(self, p: int, staged: torch.Tensor) -> None:
         """Queue the push of ``staged`` (our partial of p's chunk) to rank p."""
         me, rows = self.comm.rank, staged.shape[0]
-        inbox, flags = self._views(p)
+        inbox, flags = self.bufs.on_peer(self.slot, p)
         pieces = range(0, rows, self.piece_rows)
         if not self.cuda:
             with trace.span("gemm_rs:push", "copy", lane="producer"):
@@ -195,12 +182,11 @@ class _Producer:
                                                          non_blocking=True)
                 torch.ops.symm_mem.stream_write_value32_(flat, me * MAX_PIECES + i, self.epoch)
 
-    def join(self, staged: torch.Tensor) -> None:
-        """The main stream goes on only when every push has left (the next call reuses
-        the staging buffer)."""
+    def join(self) -> None:
+        """The main stream goes on only when every push has left (so the staging buffer
+        is free again when the main stream next allocates)."""
         if self.cuda:
             self.main.wait_stream(self.side)
-            staged.record_stream(self.side)
 
 
 def _fused(comm, a: torch.Tensor, b: torch.Tensor):
@@ -234,7 +220,7 @@ def _fused(comm, a: torch.Tensor, b: torch.Tensor):
         )
         if not own:
             producer.send((me + 1 + c) % world, stage[c])
-    producer.join(stage)
+    producer.join()
 
     def decode():
         own_first = (world - 1) * tiles
@@ -271,7 +257,8 @@ def gemm_rs(a: torch.Tensor, b: torch.Tensor, *, algorithm: str = "auto") -> tor
     nbytes = (comm.world_size - 1) * (m // comm.world_size) * n * a.element_size()
     if algo == "sequential":  # (its collective records its own span)
         return _sequential(comm, a, b)
-    oc.refuse_capture("gemm_rs", comm)
+    if algorithm == "fused":  # (auto chose fused only outside a capture)
+        oc.refuse_capture("gemm_rs", comm)
     with trace.collective("gemm_rs", nbytes, algo, comm.device):
         out, decode = _fused(comm, a.contiguous(), b)
     if decode is not None:
