@@ -1,6 +1,15 @@
 """Which form of the Triton GEMM is fastest on this GPU? One GPU, no communication.
 
-    python bench/gpu_gemm_variants.py --out DIR
+    python bench/gpu_gemm_variants.py --out DIR                # stream-K off/auto/on
+    python bench/gpu_gemm_variants.py --out DIR --what forms   # the store/loop forms
+
+"--what sk" (default) times commlab's own GEMM (``commlab.overlap._gemm.matmul``, the
+fused kernels' tile loop) with its stream-K tail off, as the rule picks it ("auto") and
+forced on, next to cuBLAS, on every local GEMM of bench/gpu_overlap.py: the all-gather
+GEMMs at M rows, the reduce-scatter GEMMs at M and M/2 rows (the fused gemm_rs launches
+one GEMM per row chunk). Writes DIR/gemm-stream-k.json.
+
+"--what forms" (below) is the earlier study of the tile loop's forms.
 
 The overlapped kernels (commlab.overlap) pay for their overlap with a Triton GEMM in
 place of cuBLAS; on 2xH200 that GEMM was 0.5-4% slower than cuBLAS on the Llama-3 8B
@@ -112,11 +121,66 @@ def save(out_dir: str, dev, records: list) -> None:
         triton=triton.__version__, records=records), indent=1) + "\n")
 
 
+# (op, model, K, N) of bench/gpu_overlap.py, W=2
+SK_SHAPES = [("ag", "8B", 4096, 14336), ("ag", "70B", 8192, 28672),
+             ("rs", "8B", 7168, 4096), ("rs", "70B", 14336, 8192)]
+SK_MS = (512, 2048, 8192, 16384)
+
+
+def stream_k(out_dir: str, dev) -> None:
+    from types import SimpleNamespace
+
+    from commlab.overlap import _common as oc
+    from commlab.overlap._gemm import matmul
+
+    comm = SimpleNamespace(backend="cuda", device=dev)
+    records = []
+    for op, model, k, n in SK_SHAPES:
+        for m_total in SK_MS:
+            for m in (m_total,) if op == "ag" else (m_total, m_total // 2):
+                g = torch.Generator(device=dev).manual_seed(3)
+                a = torch.randn(m, k, device=dev, generator=g).bfloat16()
+                b = (torch.randn(k, n, device=dev, generator=g) / k**0.5).bfloat16()
+                ref = a @ b
+                cublas = time_us(lambda: a @ b)
+                line = f"{op} {model:3} M={m:5d} cuBLAS {cublas:7.1f}"
+                rec = dict(op=op, model=model, m=m, k=k, n=n, cublas_us=cublas)
+                for mode in ("off", "auto", "on"):
+                    oc.STREAM_K = mode
+                    tiles = triton.cdiv(m, oc.GPU_TILE.BM) * triton.cdiv(n, oc.GPU_TILE.BN)
+                    sched = oc.schedule(comm, oc.GPU_TILE, tiles, k)
+                    try:
+                        out = matmul(comm, a, b)
+                        err = (out.float() - ref.float()).abs().max().item()
+                        if not err <= 2e-2 * max(1.0, ref.float().abs().max().item()):
+                            raise AssertionError(f"wrong result, max error {err:.3g}")
+                        t = time_us(lambda: matmul(comm, a, b))
+                        line += f" | {mode} {t:7.1f} ({t / cublas - 1:+.1%})"
+                    except Exception as e:  # report and go on
+                        t = float("nan")
+                        line += f" | {mode} {type(e).__name__}: {str(e)[:80]}"
+                    rec[mode] = dict(time_us=t, dp_tiles=sched.dp_tiles, tiles=tiles,
+                                     sk_iters=sched.sk_iters)
+                oc.STREAM_K = "auto"
+                records.append(rec)
+                print(line + f"  [tiles {tiles}, waves {tiles / sched.programs:.2f}]",
+                      flush=True)
+                Path(out_dir).mkdir(parents=True, exist_ok=True)
+                (Path(out_dir) / "gemm-stream-k.json").write_text(json.dumps(dict(
+                    device=torch.cuda.get_device_name(dev), torch=torch.__version__,
+                    triton=triton.__version__, records=records), indent=1) + "\n")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default="bench/results")
+    p.add_argument("--what", choices=("sk", "forms"), default="sk")
     args = p.parse_args()
     dev = torch.device("cuda", 0)
+    if args.what == "sk":
+        triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8,
+                                                                     device=dev))
+        return stream_k(args.out, dev)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8,
                                                                  device=dev))

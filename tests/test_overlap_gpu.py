@@ -12,7 +12,8 @@ pytestmark = pytest.mark.gpu
 
 # (rows per rank, K, N): the TMA fast path (16-byte rows, tile multiples and not), and
 # the pointer path (K * 2 bytes not a multiple of 16)
-SHAPES = [(1024, 4096, 14336), (1000, 1000, 3000), (130, 200, 300), (77, 37, 99)]
+SHAPES = [(1024, 4096, 14336), (1000, 1000, 3000), (130, 200, 300), (77, 37, 99),
+          (200, 1001, 700)]
 ULPS = {torch.bfloat16: 1e-2, torch.float16: 2e-3}
 
 

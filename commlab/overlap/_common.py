@@ -141,14 +141,83 @@ def operands(comm: Communicator, cfg: TileConfig, a: torch.Tensor, b: torch.Tens
                     None if extra is None else _desc(extra, [cfg.BM, cfg.BK]), True, b_trans)
 
 
+CPU_PROGRAMS: int | None = None  # CPU: None = one program per tile; n = n "SMs"
+
+
 def programs(comm: Communicator, tiles: int) -> int:
     """Persistent grid: one program per SM at most on GPU (all resident at once, so a
-    program that waits never holds back one that has not started); one per tile on CPU."""
+    program that waits never holds back one that has not started); on CPU one per tile,
+    or ``CPU_PROGRAMS`` to run the kernels as a GPU with that many SMs would."""
     if comm.backend == "cpu":
-        return tiles
+        return tiles if CPU_PROGRAMS is None else max(1, min(tiles, CPU_PROGRAMS))
     if comm.device not in _SMS:
         _SMS[comm.device] = torch.cuda.get_device_properties(comm.device).multi_processor_count
     return max(1, min(tiles, _SMS[comm.device]))
+
+
+# --- the stream-K tail ---------------------------------------------------------------
+
+STREAM_K = "auto"  # "auto" (the rule in schedule()), "on" (whenever it applies), "off"
+SK_MAX_FILL = 0.9  # auto: no stream-K when the last wave is at least this full
+SK_MIN_K_ITERS = 8  # a tile needs this many K iterations to be worth splitting
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """How a persistent launch of ``programs`` programs covers ``tiles`` output tiles:
+    tiles [0, dp_tiles) whole, round robin; the rest ("tail") split into K iterations,
+    ``sk_iters`` consecutive ones per program (0: no tail). A program's tail range
+    touches at most three tiles, so its segments have trace rows ``tiles + 3 * pid + i``.
+    """
+
+    programs: int
+    tiles: int
+    dp_tiles: int
+    sk_iters: int
+
+    @property
+    def trace_rows(self) -> int:
+        return self.tiles + 3 * self.programs
+
+
+def schedule(comm: Communicator, cfg: TileConfig, tiles: int, k: int) -> Schedule:
+    """Whole tiles while they fill waves; stream-K for the partial last wave.
+
+    With tiles = full * P + rem (P programs, one per SM) and 0 < rem: the last P + rem
+    tiles (all of them when full == 0: fewer tiles than SMs) are split evenly, so every
+    program does the same number of K iterations instead of rem programs doing one more
+    tile while P - rem idle. Without a tail the grid is min(P, tiles)."""
+    p = programs(comm, tiles if comm.backend == "cpu" and CPU_PROGRAMS is None else 1 << 30)
+    k_iters = -(-k // cfg.BK)
+    full, rem = divmod(tiles, p)
+    mode = STREAM_K
+    if mode not in ("auto", "on", "off"):
+        raise ValueError(f"commlab.overlap._common.STREAM_K must be 'auto', 'on' or 'off', "
+                         f"got {mode!r}")
+    if (mode == "off" or rem == 0 or k_iters < SK_MIN_K_ITERS
+            or (mode == "auto" and rem >= SK_MAX_FILL * p)):
+        return Schedule(min(p, tiles), tiles, tiles, 0)
+    tail = tiles if full == 0 else p + rem
+    sk_iters = max(-(-tail * k_iters // p), SK_MIN_K_ITERS // 2)
+    return Schedule(p, tiles, tiles - tail, sk_iters)
+
+
+_WORKSPACES: dict = {}
+
+
+def sk_workspace(comm: Communicator, sched: Schedule, cfg: TileConfig):
+    """(fp32 partial-tile slots [2 * programs, BM * BN], int32 arrival counters [2 *
+    programs], zero) for a launch with a stream-K tail; cached per device and stream
+    (launches on one stream run one after another, so they can share it)."""
+    stream = torch.cuda.current_stream(comm.device).cuda_stream if comm.backend == "cuda" else 0
+    key = (str(comm.device), stream, cfg.BM, cfg.BN)
+    have = _WORKSPACES.get(key)
+    if have is None or have[1].numel() < 2 * sched.programs:
+        n = 2 * max(sched.programs, 1)
+        _WORKSPACES[key] = have = (
+            torch.empty((n, cfg.BM * cfg.BN), dtype=torch.float32, device=comm.device),
+            torch.zeros(n, dtype=torch.int32, device=comm.device))
+    return have
 
 
 # --- per-shape symmetric buffers ---------------------------------------------------
@@ -228,11 +297,12 @@ def clear_cache() -> None:
 # --- tile timeline -----------------------------------------------------------------
 
 
-def trace_buffer(comm: Communicator, tiles: int) -> torch.Tensor | None:
-    """A [tiles, 5] int64 buffer when a trace is recording, else None."""
+def trace_buffer(comm: Communicator, rows: int) -> torch.Tensor | None:
+    """A [rows, 6] int64 buffer when a trace is recording, else None (columns:
+    ``_tiles.stamp``)."""
     if not RECORDER.active:
         return None
-    return torch.zeros((max(tiles, 1), 5), dtype=torch.int64, device=comm.device)
+    return torch.zeros((max(rows, 1), 6), dtype=torch.int64, device=comm.device)
 
 
 class Clock:
@@ -252,17 +322,22 @@ class Clock:
 
 def add_tile_spans(comm: Communicator, trace: torch.Tensor, clock: Clock, op: str,
                    roles_of) -> None:
-    """Decode ``trace`` ([tiles, 5]: four stamps and the lane) into one Span per role.
+    """Decode ``trace`` ([rows, 6]: four stamps, the lane, the tile) into one Span per
+    role; rows never stamped are skipped.
 
     ``roles_of(tile)`` names the roles between consecutive stamps, e.g.
-    ("wait", "compute") for a tile stamped at columns 0, 1, 2 (None: no span)."""
+    ("wait", "compute") for a tile stamped at columns 0, 1, 2 (None: no span). A tile
+    computed in stream-K segments has one row per segment: its spans share the tile."""
     rows = trace.cpu().tolist()
     started = [r[0] for r in rows if r[0]]
     if not started:
         return
     base_us, base_ns = clock.origin_us(min(started))
     lane_word = "program" if comm.backend == "cpu" else "sm"
-    for tile, r in enumerate(rows):
+    for r in rows:
+        if not r[0]:
+            continue
+        tile = r[5]
         roles = roles_of(tile)
         for i, role in enumerate(roles):
             t0, t1 = r[i], r[i + 1]

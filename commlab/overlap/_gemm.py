@@ -14,14 +14,16 @@ import triton
 import triton.language as tl
 
 from commlab.overlap import _common as oc
-from commlab.overlap._tiles import grouped_tile, mma, store_tile
+from commlab.overlap._tiles import grouped_tile, mma, sk_combine, sk_segment, store_tile
 
 
 @triton.jit
 def gemm_kernel(
     a_src, b_src, out,  # A [M, K] and B as in the fused kernels; out [M, N] (store_tile)
+    ws_ptr, cnt_ptr,  # stream-K workspace (sk_combine)
     M, N, K,
     stride_bk, stride_bn,
+    DP_TILES, SK_ITERS,  # the schedule (_common.schedule)
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
     EVEN_K: tl.constexpr, USE_TMA: tl.constexpr, B_TRANS: tl.constexpr,
     OUT_TMA: tl.constexpr,
@@ -29,11 +31,25 @@ def gemm_kernel(
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     tiles = ((M + BM - 1) // BM) * ((N + BN - 1) // BN)
-    for tile in tl.range(pid, tiles, nprog):
+    KI = (K + BK - 1) // BK
+    for tile in tl.range(pid, DP_TILES, nprog):  # whole tiles
         pid_m, pid_n = grouped_tile(tile, M, N, BM, BN, GROUP_M)
         acc = mma(a_src, pid_m * 0, M, b_src, stride_bk, stride_bn, N, K, pid_m, pid_n,
-                  BM, BN, BK, EVEN_K, USE_TMA, B_TRANS)
+                  0, KI, BM, BN, BK, EVEN_K, USE_TMA, B_TRANS)
         store_tile(out, pid_m * 0, M, N, pid_m, pid_n, acc, BM, BN, OUT_TMA)
+    if SK_ITERS > 0:  # the tail, in K segments
+        end = (tiles - DP_TILES) * KI
+        it = min(pid * SK_ITERS, end)
+        stop = min(it + SK_ITERS, end)
+        while it < stop:
+            j, k_lo, k_hi = sk_segment(it, stop, KI)
+            pid_m, pid_n = grouped_tile(DP_TILES + j, M, N, BM, BN, GROUP_M)
+            acc = mma(a_src, pid_m * 0, M, b_src, stride_bk, stride_bn, N, K, pid_m, pid_n,
+                      k_lo, k_hi, BM, BN, BK, EVEN_K, USE_TMA, B_TRANS)
+            acc, done = sk_combine(ws_ptr, cnt_ptr, acc, j, KI, SK_ITERS, BM, BN)
+            if done:
+                store_tile(out, pid_m * 0, M, N, pid_m, pid_n, acc, BM, BN, OUT_TMA)
+            it = j * KI + k_hi
 
 
 def matmul(comm, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -45,9 +61,11 @@ def matmul(comm, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     out = torch.empty((m, n), dtype=a.dtype, device=a.device)
     ops = oc.operands(comm, cfg, a, b)
     dst, out_tma = oc.output(ops, cfg, out, m)
-    tiles = triton.cdiv(m, cfg.BM) * triton.cdiv(n, cfg.BN)
-    gemm_kernel[(oc.programs(comm, tiles),)](
-        ops.a, ops.b, dst, m, n, k, b.stride(0), b.stride(1),
+    sched = oc.schedule(comm, cfg, triton.cdiv(m, cfg.BM) * triton.cdiv(n, cfg.BN), k)
+    ws, cnt = oc.sk_workspace(comm, sched, cfg)
+    gemm_kernel[(sched.programs,)](
+        ops.a, ops.b, dst, ws, cnt, m, n, k, b.stride(0), b.stride(1),
+        sched.dp_tiles, sched.sk_iters,
         BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, GROUP_M=cfg.GROUP_M, EVEN_K=k % cfg.BK == 0,
         USE_TMA=ops.tma, B_TRANS=ops.b_trans, OUT_TMA=out_tma, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,

@@ -1,16 +1,24 @@
-"""Device helpers shared by the overlapped kernels: tile order, the GEMM main loop, and
-the tile clock that feeds the timeline.
+"""Device helpers shared by the overlapped kernels: tile order, the GEMM main loop, the
+stream-K tail, and the tile clock that feeds the timeline.
 
-Every tile of a fused kernel can stamp up to four moments (``stamp``) into a trace
-buffer ``[tiles, TRACE_COLS]`` int64, together with the lane it ran on:
+Every tile (or stream-K segment of a tile) can stamp up to four moments (``stamp``) into
+a trace buffer ``[rows, TRACE_COLS]`` int64, together with where it ran:
 
     col 0..3  timestamps (ns): the boundaries between the tile's roles, in order
     col 4     lane: the SM (GPU, ``%smid``) or the program id (CPU)
+    col 5     the output tile it worked on
 
 The clock is ``%globaltimer`` on GPU (inline PTX, behind ``cl.INTERPRET``, which the
 interpreter never compiles) and the host's ``perf_counter_ns`` on CPU: the interpreter
 runs plain Python called from a jit function, the same pattern as
 ``commlab.language._host_yield``.
+
+Stream-K (``sk_combine``): a persistent kernel whose tiles do not fill its last wave
+leaves SMs idle for up to a whole tile's time (8B all-gather GEMM, M=8192: 3584 tiles on
+132 SMs, 27.15 waves, so 112 SMs idle through the 28th). The host (``_common.schedule``)
+gives the first tiles whole to the programs, round robin, and splits the last ones by
+K iterations evenly over every program; a tile computed in pieces is combined by the
+program that finishes it last (no program ever waits for another).
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ import triton.language as tl
 
 import commlab.language as cl
 
-TRACE_COLS = 5
+TRACE_COLS = 6
 
 if cl.INTERPRET:
 
@@ -49,20 +57,23 @@ def _smid():
 
 
 @triton.jit
-def stamp(trace_ptr, tile, col: tl.constexpr):
-    """Record the current time as column ``col`` of ``tile``'s trace row (callers guard
-    it with ``if TRACE:``, a constexpr, so untraced kernels carry no trace code)."""
+def stamp(trace_ptr, row, col: tl.constexpr, tile):
+    """Record the current time as column ``col`` of trace row ``row``, which belongs to
+    output tile ``tile`` (callers guard it with ``if TRACE:``, a constexpr, so untraced
+    kernels carry no trace code)."""
     if cl.INTERPRET:
         now = _host_ns()
     else:
         now = _globaltimer()
-    tl.store(trace_ptr + tl.cast(tile, tl.int64) * 5 + col, now)
+    base = trace_ptr + tl.cast(row, tl.int64) * 6
+    tl.store(base + col, now)
     if col == 0:
         if cl.INTERPRET:
             lane = tl.program_id(0)
         else:
             lane = _smid()
-        tl.store(trace_ptr + tl.cast(tile, tl.int64) * 5 + 4, lane.to(tl.int64))
+        tl.store(base + 4, lane.to(tl.int64))
+        tl.store(base + 5, tl.cast(tile, tl.int64))
 
 
 # --- tile order -------------------------------------------------------------------
@@ -88,45 +99,48 @@ def grouped_tile(t, rows, N, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.con
 
 @triton.jit
 def mma_tile(a_ptr, stride_am, b_ptr, stride_bk, stride_bn, rows, N, K, pid_m, pid_n,
-             BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr):
-    """fp32 [BM, BN] tile (pid_m, pid_n) of A @ B, A: [rows, K] row-major (stride_am),
-    B: [K, N] with any strides. Rows/columns past the edge wrap (their results are
-    never stored), so only K needs a mask, and none when K % BK == 0."""
+             k_lo, k_hi, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+             EVEN_K: tl.constexpr):
+    """fp32 [BM, BN] tile (pid_m, pid_n) of A @ B over K iterations [k_lo, k_hi) (of BK
+    each), A: [rows, K] row-major (stride_am), B: [K, N] with any strides. Rows/columns
+    past the edge wrap (their results are never stored), so only K needs a mask, and
+    none when K % BK == 0."""
     offs_m = (pid_m * BM + tl.arange(0, BM)) % rows
     offs_n = (pid_n * BN + tl.arange(0, BN)) % N
     offs_k = tl.arange(0, BK)
-    a_ptrs = a_ptr + offs_m[:, None].to(tl.int64) * stride_am + offs_k[None, :]
-    b_ptrs = b_ptr + offs_k[:, None].to(tl.int64) * stride_bk + offs_n[None, :] * stride_bn
+    a_rows = a_ptr + offs_m[:, None].to(tl.int64) * stride_am
+    b_cols = b_ptr + offs_n[None, :] * stride_bn
     acc = tl.zeros((BM, BN), dtype=tl.float32)
-    for k in range(0, (K + BK - 1) // BK):
+    for k in range(k_lo, k_hi):
+        ks = k * BK + offs_k
+        a_ptrs = a_rows + ks[None, :]
+        b_ptrs = b_cols + ks[:, None].to(tl.int64) * stride_bk
         if EVEN_K:
             a = tl.load(a_ptrs)
             b = tl.load(b_ptrs)
         else:
-            k_left = K - k * BK
-            a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
-            b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+            a = tl.load(a_ptrs, mask=ks[None, :] < K, other=0.0)
+            b = tl.load(b_ptrs, mask=ks[:, None] < K, other=0.0)
         if cl.INTERPRET:  # the interpreter's 16-bit float arithmetic is not trustworthy
             acc += tl.dot(a.to(tl.float32), b.to(tl.float32))
         else:
             acc = tl.dot(a, b, acc)
-        a_ptrs += BK
-        b_ptrs += BK * stride_bk
     return acc
 
 
 @triton.jit
-def mma(a_src, row0, rows, b_src, stride_bk, stride_bn, N, K, pid_m, pid_n,
+def mma(a_src, row0, rows, b_src, stride_bk, stride_bn, N, K, pid_m, pid_n, k_lo, k_hi,
         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
         USE_TMA: tl.constexpr, B_TRANS: tl.constexpr):
-    """fp32 tile (pid_m, pid_n) of A[row0 : row0 + rows] @ B.
+    """fp32 tile (pid_m, pid_n) of A[row0 : row0 + rows] @ B, K iterations [k_lo, k_hi)
+    (a whole tile: 0 to cdiv(K, BK); a stream-K segment: part of that).
 
     USE_TMA (GPU, 16-byte aligned rows): ``a_src``/``b_src`` are tensor descriptors and
     the loads are TMA bulk copies (out-of-bounds reads come back as zeros; B given as
     [N, K] when B_TRANS). Otherwise they are pointers (``mma_tile``), as on CPU."""
     if USE_TMA:
         acc = tl.zeros((BM, BN), dtype=tl.float32)
-        for k in range(0, (K + BK - 1) // BK):
+        for k in range(k_lo, k_hi):
             a = a_src.load([row0 + pid_m * BM, k * BK])
             if B_TRANS:
                 b = b_src.load([pid_n * BN, k * BK]).T
@@ -135,8 +149,54 @@ def mma(a_src, row0, rows, b_src, stride_bk, stride_bn, N, K, pid_m, pid_n,
             acc = tl.dot(a, b, acc)
     else:
         acc = mma_tile(a_src + tl.cast(row0, tl.int64) * K, K, b_src, stride_bk, stride_bn, rows, N,
-                       K, pid_m, pid_n, BM, BN, BK, EVEN_K)
+                       K, pid_m, pid_n, k_lo, k_hi, BM, BN, BK, EVEN_K)
     return acc
+
+
+# --- the stream-K tail ---------------------------------------------------------------
+
+
+@triton.jit
+def sk_segment(it, end, KI):
+    """The segment starting at stream-K iteration ``it`` (of a program whose range ends
+    at ``end``): (tail tile j, its first and one-past-last K iteration)."""
+    j = it // KI
+    k_lo = it - j * KI
+    k_hi = min(KI, end - j * KI)
+    return j, k_lo, k_hi
+
+
+@triton.jit
+def sk_combine(ws_ptr, cnt_ptr, acc, j, KI, SK_ITERS, BM: tl.constexpr, BN: tl.constexpr):
+    """Combine tail tile ``j``, which programs q0..q1 computed in K segments (this program
+    holds ``acc``, its segment's fp32 sum). Returns (acc, done): done for exactly one
+    program, the last to arrive, whose acc is then the whole tile's sum.
+
+    Each segment goes to the workspace (``ws_ptr``: two [BM, BN] fp32 slots per program:
+    its first tile, its last) and bumps the tile's arrival counter (``cnt_ptr``, int32,
+    zero between launches: the last arrival resets it). The last arrival adds every
+    segment in program order, its own too, so the sum's rounding does not depend on who
+    came last. Memory order as in ``cl.notify``/``cl.wait``: stores, CTA barrier,
+    release; acquire, CTA barrier, loads (from L2: ``.cg``)."""
+    pid = tl.program_id(0)
+    q0 = (j * KI) // SK_ITERS
+    q1 = ((j + 1) * KI - 1) // SK_ITERS
+    done = q0 == q1  # one segment: the whole tile is ours
+    if q0 != q1:
+        offs = tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]
+        mine = pid * 2 + (j != (pid * SK_ITERS) // KI).to(tl.int32)
+        tl.store(ws_ptr + mine.to(tl.int64) * (BM * BN) + offs, acc, cache_modifier=".cg")
+        tl.debug_barrier()  # every thread's stores precede the release
+        arrived = tl.atomic_add(cnt_ptr + j, 1, sem="acq_rel", scope="gpu")
+        done = arrived == q1 - q0
+        if done:
+            tl.debug_barrier()  # no thread loads before the acquire
+            acc = tl.zeros((BM, BN), dtype=tl.float32)
+            for q in range(q0, q1 + 1):
+                s = q * 2 + (j != (q * SK_ITERS) // KI).to(tl.int32)
+                acc += tl.load(ws_ptr + s.to(tl.int64) * (BM * BN) + offs, cache_modifier=".cg")
+            tl.store(cnt_ptr + j, 0)  # every segment has arrived: ready for the next launch
+    return acc, done
 
 
 @triton.jit

@@ -40,7 +40,7 @@ import commlab.language as cl
 from commlab import trace
 from commlab.collectives._common import agree, comm_or_raise, launch_for
 from commlab.overlap import _common as oc
-from commlab.overlap._tiles import grouped_tile, mma, stamp, store_tile
+from commlab.overlap._tiles import grouped_tile, mma, sk_combine, sk_segment, stamp, store_tile
 
 
 @triton.jit
@@ -65,7 +65,7 @@ def ag_push_kernel(
     for i in range(1, world):
         peer = (me + i) % world
         if TRACE:
-            stamp(trace_ptr, i - 1, 0)
+            stamp(trace_ptr, i - 1, 0, i - 1)
         dst = cl.symm_at(gathered_ptr + me.to(tl.int64) * NUMEL, peer, ctx)
         for start in range(0, NUMEL, BLOCK):
             offs = start + tl.arange(0, BLOCK)
@@ -74,7 +74,52 @@ def ag_push_kernel(
         # our chunk of call `epoch` is on peer:
         cl.notify(flags_ptr + me, peer, ctx, epoch, sig_op="set")
         if TRACE:
-            stamp(trace_ptr, i - 1, 1)
+            stamp(trace_ptr, i - 1, 1, i - 1)
+
+
+@triton.jit
+def _ag_tile(
+    a_src, b_src, out, gathered_src, flags_ptr, ws_ptr, cnt_ptr, trace_ptr,
+    tile, row, j, k_lo, k_hi, landed, me, world, tiles_per_chunk,
+    ROWS, N, K, stride_bk, stride_bn, epoch, KI, SK_ITERS,
+    SEGMENT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, USE_TMA: tl.constexpr,
+    B_TRANS: tl.constexpr, OUT_TMA: tl.constexpr, TRACE: tl.constexpr,
+):
+    """Output tile ``tile`` (K iterations [k_lo, k_hi): all of them, or a stream-K
+    SEGMENT of tail tile j); returns the program's new ``landed``."""
+    chunk = tile // tiles_per_chunk
+    src = (me + chunk) % world  # chunk 0 is ours: it needs no communication
+    pid_m, pid_n = grouped_tile(tile % tiles_per_chunk, ROWS, N, BM, BN, GROUP_M)
+    if TRACE:
+        stamp(trace_ptr, row, 0, tile)
+
+    # --- wait: the chunk's rows have landed (once per chunk per program) --------------
+    if chunk > landed:
+        cl.wait(flags_ptr + src, epoch)
+        landed = chunk
+    if TRACE:
+        stamp(trace_ptr, row, 1, tile)
+
+    # --- compute: one output tile of chunk src ----------------------------------------
+    # (one main loop for both sources: two would double the pipeline's shared memory)
+    if chunk == 0:
+        rows_src = a_src
+        row0 = src * 0
+    else:
+        rows_src = gathered_src
+        row0 = src * ROWS
+    acc = mma(rows_src, row0, ROWS, b_src, stride_bk, stride_bn, N, K, pid_m, pid_n,
+              k_lo, k_hi, BM, BN, BK, EVEN_K, USE_TMA, B_TRANS)
+    if SEGMENT:
+        acc, done = sk_combine(ws_ptr, cnt_ptr, acc, j, KI, SK_ITERS, BM, BN)
+    else:
+        done = True
+    if done:
+        store_tile(out, src * ROWS, ROWS, N, pid_m, pid_n, acc, BM, BN, OUT_TMA)
+    if TRACE:
+        stamp(trace_ptr, row, 2, tile)
+    return landed
 
 
 @triton.jit
@@ -83,55 +128,53 @@ def ag_gemm_kernel(
     a_src,  # [ROWS, K] this rank's shard (chunk `me` of the gathered A)
     b_src,  # [K, N] ([N, K] when B_TRANS)
     out,  # [W * ROWS, N] (store_tile)
+    ws_ptr, cnt_ptr,  # stream-K workspace (sk_combine)
     # Symmetric buffers
     gathered_src,  # [W * ROWS, K] this call's slot; chunk r is written by rank r
     flags_ptr,  # int32 [W]
     ctx,
-    trace_ptr,
+    trace_ptr,  # [TILES + 3 * programs, 6] (_common.Schedule.trace_rows)
     # Sizes
     ROWS, N, K,
     stride_bk, stride_bn,
     epoch,
+    DP_TILES, SK_ITERS,  # the schedule (_common.schedule)
     # Meta-parameters
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
     EVEN_K: tl.constexpr, USE_TMA: tl.constexpr, B_TRANS: tl.constexpr,
     OUT_TMA: tl.constexpr, TRACE: tl.constexpr,
 ):
     # Persistent: program p takes tiles p, p + P, p + 2P, ... of the chunk-major order,
-    # so every program starts on our own chunk and reaches the peers' chunks last.
+    # so every program starts on our own chunk and reaches the peers' chunks last; the
+    # tiles past DP_TILES (the partial last wave) are shared out in K segments.
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     me = cl.rank(ctx)
     world = cl.num_ranks(ctx)
     tiles_per_chunk = ((ROWS + BM - 1) // BM) * ((N + BN - 1) // BN)
+    TILES = world * tiles_per_chunk
+    KI = (K + BK - 1) // BK
     landed = pid * 0  # chunks (in our order) this program has seen land
-    for t in tl.range(pid, world * tiles_per_chunk, nprog):
-        chunk = t // tiles_per_chunk
-        src = (me + chunk) % world  # chunk 0 is ours: it needs no communication
-        pid_m, pid_n = grouped_tile(t % tiles_per_chunk, ROWS, N, BM, BN, GROUP_M)
-        if TRACE:
-            stamp(trace_ptr, t, 0)
-
-        # --- wait: the chunk's rows have landed (once per chunk per program) ----------
-        if chunk > landed:
-            cl.wait(flags_ptr + src, epoch)
-            landed = chunk
-        if TRACE:
-            stamp(trace_ptr, t, 1)
-
-        # --- compute: one output tile of chunk src ------------------------------------
-        # (one main loop for both sources: two would double the pipeline's shared memory)
-        if chunk == 0:
-            rows_src = a_src
-            row0 = src * 0
-        else:
-            rows_src = gathered_src
-            row0 = src * ROWS
-        acc = mma(rows_src, row0, ROWS, b_src, stride_bk, stride_bn, N, K, pid_m, pid_n,
-                  BM, BN, BK, EVEN_K, USE_TMA, B_TRANS)
-        store_tile(out, src * ROWS, ROWS, N, pid_m, pid_n, acc, BM, BN, OUT_TMA)
-        if TRACE:
-            stamp(trace_ptr, t, 2)
+    for t in tl.range(pid, DP_TILES, nprog):
+        landed = _ag_tile(a_src, b_src, out, gathered_src, flags_ptr, ws_ptr, cnt_ptr,
+                          trace_ptr, t, t, t, 0, KI, landed, me, world, tiles_per_chunk,
+                          ROWS, N, K, stride_bk, stride_bn, epoch, KI, SK_ITERS,
+                          False, BM, BN, BK, GROUP_M, EVEN_K, USE_TMA, B_TRANS, OUT_TMA,
+                          TRACE)
+    if SK_ITERS > 0:
+        end = (TILES - DP_TILES) * KI
+        it = min(pid * SK_ITERS, end)
+        stop = min(it + SK_ITERS, end)
+        first = it // KI
+        while it < stop:
+            j, k_lo, k_hi = sk_segment(it, stop, KI)
+            landed = _ag_tile(a_src, b_src, out, gathered_src, flags_ptr, ws_ptr, cnt_ptr,
+                              trace_ptr, DP_TILES + j, TILES + 3 * pid + j - first, j,
+                              k_lo, k_hi, landed, me, world, tiles_per_chunk,
+                              ROWS, N, K, stride_bk, stride_bn, epoch, KI, SK_ITERS,
+                              True, BM, BN, BK, GROUP_M, EVEN_K, USE_TMA, B_TRANS,
+                              OUT_TMA, TRACE)
+            it = j * KI + k_hi
 
 
 def _push_cuda(comm, a, bufs: oc.Buffers, slot: torch.Tensor, epoch: int) -> torch.cuda.Event:
@@ -164,7 +207,9 @@ def _fused(comm, a: torch.Tensor, b: torch.Tensor):
     flags = bufs.flags[:, 0]  # [W]: one int32 per source rank
     out = torch.empty((world * rows, n), dtype=a.dtype, device=a.device)
     tiles = world * triton.cdiv(rows, cfg.BM) * triton.cdiv(n, cfg.BN)
-    tbuf = oc.trace_buffer(comm, tiles)
+    sched = oc.schedule(comm, cfg, tiles, k)
+    ws, cnt = oc.sk_workspace(comm, sched, cfg)
+    tbuf = oc.trace_buffer(comm, sched.trace_rows)
     ptrace = oc.trace_buffer(comm, world - 1)
     clock = oc.Clock(comm) if tbuf is not None else None
     done = None
@@ -176,9 +221,9 @@ def _fused(comm, a: torch.Tensor, b: torch.Tensor):
                              BLOCK=lc.block, TRACE=ptrace is not None)
     ops = oc.operands(comm, cfg, a, b, slot.view(world * rows, k))
     dst, out_tma = oc.output(ops, cfg, out, rows)
-    ag_gemm_kernel[(oc.programs(comm, tiles),)](
-        ops.a, ops.b, dst, ops.extra, flags, comm.context, tbuf,
-        rows, n, k, b.stride(0), b.stride(1), epoch,
+    ag_gemm_kernel[(sched.programs,)](
+        ops.a, ops.b, dst, ws, cnt, ops.extra, flags, comm.context, tbuf,
+        rows, n, k, b.stride(0), b.stride(1), epoch, sched.dp_tiles, sched.sk_iters,
         BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, GROUP_M=cfg.GROUP_M, EVEN_K=k % cfg.BK == 0,
         USE_TMA=ops.tma, B_TRANS=ops.b_trans, OUT_TMA=out_tma, TRACE=tbuf is not None,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,

@@ -59,54 +59,36 @@ import commlab.language as cl
 from commlab import trace
 from commlab.collectives._common import agree, comm_or_raise
 from commlab.overlap import _common as oc
-from commlab.overlap._tiles import grouped_tile, mma, stamp, store_tile
+from commlab.overlap._tiles import grouped_tile, mma, sk_combine, sk_segment, stamp, store_tile
 
 
 @triton.jit
-def gemm_rs_kernel(
-    # Local buffers (tensor descriptors when USE_TMA, else pointers)
-    a_src,  # [W * ROWS, K] this rank's activations (K = this rank's share)
-    b_src,  # [K, N] ([N, K] when B_TRANS)
-    out,  # [ROWS, N]: stage[chunk] (a peer's chunk) or our reduced chunk (OWN); store_tile
-    # Symmetric buffers
-    inbox_ptr,  # [W, ROWS, N] this call's slot: inbox[r] = rank r's partial of our chunk
-    flags_ptr,  # int32 [W, MAXP]: flags[r][i] = last call whose piece i rank r delivered
-    ctx,
-    trace_ptr,  # [W * tiles, 5]; this launch's tiles start at row chunk_idx * tiles
-    # Sizes
-    ROWS, N, K,
-    stride_bk, stride_bn,
-    chunk_idx,  # position of this launch's chunk in our order (W - 1: our own chunk)
-    epoch,
-    PIECE_TILES,  # row tiles per piece of a partial chunk
-    # Meta-parameters
-    OWN: tl.constexpr,
-    MAXP: tl.constexpr,
-    OUT_TMA: tl.constexpr,
+def _rs_tile(
+    a_src, b_src, out, inbox_ptr, flags_ptr, ws_ptr, cnt_ptr, trace_ptr,
+    tile, row, tid, j, k_lo, k_hi, ready, me, world, dst,
+    ROWS, N, K, stride_bk, stride_bn, epoch, PIECE_TILES, KI, SK_ITERS,
+    SEGMENT: tl.constexpr, OWN: tl.constexpr, MAXP: tl.constexpr, OUT_TMA: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
     EVEN_K: tl.constexpr, USE_TMA: tl.constexpr, B_TRANS: tl.constexpr,
     TRACE: tl.constexpr,
 ):
-    # Persistent: program p takes tiles p, p + P, ... of one row chunk of the output.
-    pid = tl.program_id(0)
-    nprog = tl.num_programs(0)
-    me = cl.rank(ctx)
-    world = cl.num_ranks(ctx)
-    dst = (me + 1 + chunk_idx) % world  # whose rows: the peers' first, our own last
-    tiles = ((ROWS + BM - 1) // BM) * ((N + BN - 1) // BN)
-    ready = pid * 0 - 1  # OWN: pieces 0..ready of every peer's partial have landed
-    for tile in tl.range(pid, tiles, nprog):
-        t = chunk_idx * tiles + tile  # row in the trace buffer
-        pid_m, pid_n = grouped_tile(tile, ROWS, N, BM, BN, GROUP_M)
-        if TRACE:
-            stamp(trace_ptr, t, 0)
+    """Tile ``tile`` of chunk dst (K iterations [k_lo, k_hi): all of them, or a stream-K
+    SEGMENT of tail tile j); returns the program's new ``ready``. It is tile ``tid`` of
+    the whole call in the trace (chunk-launch order)."""
+    pid_m, pid_n = grouped_tile(tile, ROWS, N, BM, BN, GROUP_M)
+    if TRACE:
+        stamp(trace_ptr, row, 0, tid)
 
-        # --- compute: our partial of tile (pid_m, pid_n) of chunk dst ------------------
-        acc = mma(a_src, dst * ROWS, ROWS, b_src, stride_bk, stride_bn, N, K, pid_m, pid_n,
-                  BM, BN, BK, EVEN_K, USE_TMA, B_TRANS)
-        if TRACE:
-            stamp(trace_ptr, t, 1)
-
+    # --- compute: our partial of tile (pid_m, pid_n) of chunk dst ---------------------
+    acc = mma(a_src, dst * ROWS, ROWS, b_src, stride_bk, stride_bn, N, K, pid_m, pid_n,
+              k_lo, k_hi, BM, BN, BK, EVEN_K, USE_TMA, B_TRANS)
+    if SEGMENT:
+        acc, done = sk_combine(ws_ptr, cnt_ptr, acc, j, KI, SK_ITERS, BM, BN)
+    else:
+        done = True
+    if TRACE:
+        stamp(trace_ptr, row, 1, tid)
+    if done:
         if OWN:
             # --- wait + reduce: add every peer's partial of this tile -------------------
             # (a peer's pieces land in order, so piece p's flag covers every piece <= p)
@@ -116,7 +98,7 @@ def gemm_rs_kernel(
                     cl.wait(flags_ptr + ((me + i) % world) * MAXP + piece, epoch)
                 ready = piece
             if TRACE:
-                stamp(trace_ptr, t, 2)
+                stamp(trace_ptr, row, 2, tid)
             offs_m = pid_m * BM + tl.arange(0, BM)
             offs_n = pid_n * BN + tl.arange(0, BN)
             mask = (offs_m[:, None] < ROWS) & (offs_n[None, :] < N)
@@ -128,10 +110,73 @@ def gemm_rs_kernel(
                 acc += part.to(tl.float32)
             store_tile(out, pid_m * 0, ROWS, N, pid_m, pid_n, acc, BM, BN, OUT_TMA)
             if TRACE:
-                stamp(trace_ptr, t, 3)
+                stamp(trace_ptr, row, 3, tid)
         else:
             # the partial, staged locally for the producer to send
             store_tile(out, pid_m * 0, ROWS, N, pid_m, pid_n, acc, BM, BN, OUT_TMA)
+    return ready
+
+
+@triton.jit
+def gemm_rs_kernel(
+    # Local buffers (tensor descriptors when USE_TMA, else pointers)
+    a_src,  # [W * ROWS, K] this rank's activations (K = this rank's share)
+    b_src,  # [K, N] ([N, K] when B_TRANS)
+    out,  # [ROWS, N]: stage[chunk] (a peer's chunk) or our reduced chunk (OWN); store_tile
+    ws_ptr, cnt_ptr,  # stream-K workspace (sk_combine)
+    # Symmetric buffers
+    inbox_ptr,  # [W, ROWS, N] this call's slot: inbox[r] = rank r's partial of our chunk
+    flags_ptr,  # int32 [W, MAXP]: flags[r][i] = last call whose piece i rank r delivered
+    ctx,
+    trace_ptr,  # [W * TRACE_ROWS, 6]; this launch's rows start at chunk_idx * TRACE_ROWS
+    # Sizes
+    ROWS, N, K,
+    stride_bk, stride_bn,
+    chunk_idx,  # position of this launch's chunk in our order (W - 1: our own chunk)
+    epoch,
+    PIECE_TILES,  # row tiles per piece of a partial chunk
+    DP_TILES, SK_ITERS, TRACE_ROWS,  # the schedule (_common.schedule)
+    # Meta-parameters
+    OWN: tl.constexpr,
+    MAXP: tl.constexpr,
+    OUT_TMA: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+    EVEN_K: tl.constexpr, USE_TMA: tl.constexpr, B_TRANS: tl.constexpr,
+    TRACE: tl.constexpr,
+):
+    # Persistent: program p takes tiles p, p + P, ... of one row chunk of the output; the
+    # tiles past DP_TILES (the partial last wave) are shared out in K segments.
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    me = cl.rank(ctx)
+    world = cl.num_ranks(ctx)
+    dst = (me + 1 + chunk_idx) % world  # whose rows: the peers' first, our own last
+    tiles = ((ROWS + BM - 1) // BM) * ((N + BN - 1) // BN)
+    KI = (K + BK - 1) // BK
+    base = chunk_idx * TRACE_ROWS  # this launch's trace rows
+    ready = pid * 0 - 1  # OWN: pieces 0..ready of every peer's partial have landed
+    for tile in tl.range(pid, DP_TILES, nprog):
+        ready = _rs_tile(a_src, b_src, out, inbox_ptr, flags_ptr, ws_ptr, cnt_ptr, trace_ptr,
+                         tile, base + tile, chunk_idx * tiles + tile, tile, 0, KI, ready,
+                         me, world, dst,
+                         ROWS, N, K, stride_bk, stride_bn, epoch, PIECE_TILES, KI, SK_ITERS,
+                         False, OWN, MAXP, OUT_TMA, BM, BN, BK, GROUP_M, EVEN_K, USE_TMA,
+                         B_TRANS, TRACE)
+    if SK_ITERS > 0:
+        end = (tiles - DP_TILES) * KI
+        it = min(pid * SK_ITERS, end)
+        stop = min(it + SK_ITERS, end)
+        first = it // KI
+        while it < stop:
+            j, k_lo, k_hi = sk_segment(it, stop, KI)
+            ready = _rs_tile(a_src, b_src, out, inbox_ptr, flags_ptr, ws_ptr, cnt_ptr,
+                             trace_ptr, DP_TILES + j, base + tiles + 3 * pid + j - first,
+                             chunk_idx * tiles + DP_TILES + j, j, k_lo, k_hi, ready, me,
+                             world, dst,
+                             ROWS, N, K, stride_bk, stride_bn, epoch, PIECE_TILES, KI,
+                             SK_ITERS, True, OWN, MAXP, OUT_TMA, BM, BN, BK, GROUP_M,
+                             EVEN_K, USE_TMA, B_TRANS, TRACE)
+            it = j * KI + k_hi
 
 
 MAX_PIECES = 16  # flags per (source, call)
@@ -202,17 +247,19 @@ def _fused(comm, a: torch.Tensor, b: torch.Tensor):
     ptiles = piece_tiles(comm, rows, n, a.element_size(), cfg.BM)
     out = torch.empty((rows, n), dtype=a.dtype, device=a.device)
     stage = torch.empty((max(world - 1, 1), rows, n), dtype=a.dtype, device=a.device)
-    tbuf = oc.trace_buffer(comm, world * tiles)
+    sched = oc.schedule(comm, cfg, tiles, k)
+    ws, cnt = oc.sk_workspace(comm, sched, cfg)
+    tbuf = oc.trace_buffer(comm, world * sched.trace_rows)
     clock = oc.Clock(comm) if tbuf is not None else None
     ops = oc.operands(comm, cfg, a, b)
     producer = _Producer(comm, bufs, slot, epoch, ptiles * cfg.BM)
-    grid = (oc.programs(comm, tiles),)
     for c in range(world):
         own = c == world - 1
         target, out_tma = oc.output(ops, cfg, out if own else stage[c], rows)
-        gemm_rs_kernel[grid](
-            ops.a, ops.b, target, slot, bufs.flags, comm.context, tbuf,
+        gemm_rs_kernel[(sched.programs,)](
+            ops.a, ops.b, target, ws, cnt, slot, bufs.flags, comm.context, tbuf,
             rows, n, k, b.stride(0), b.stride(1), c, epoch, ptiles,
+            sched.dp_tiles, sched.sk_iters, sched.trace_rows,
             OWN=own, MAXP=MAX_PIECES, OUT_TMA=out_tma,
             BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, GROUP_M=cfg.GROUP_M,
             EVEN_K=k % cfg.BK == 0, USE_TMA=ops.tma, B_TRANS=ops.b_trans,

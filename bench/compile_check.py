@@ -1,0 +1,76 @@
+"""Compile the overlapped kernels for Hopper (sm_90) without a GPU and print their
+registers, spills and shared memory: a cheap check, before any device time, that a
+change to the tile loop did not push the 128x256 accumulator into local memory.
+
+    TRITON_INTERPRET=0 python bench/compile_check.py    # needs triton's bundled ptxas
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+os.environ["TRITON_INTERPRET"] = "0"  # before commlab decides on the interpreter
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from commlab.overlap import _common as oc  # noqa: E402
+from commlab.overlap._gemm import gemm_kernel  # noqa: E402
+from commlab.overlap.ag_gemm import ag_gemm_kernel  # noqa: E402
+from commlab.overlap.gemm_rs import MAX_PIECES, gemm_rs_kernel  # noqa: E402
+
+T = oc.GPU_TILE
+DESC = {"a": f"tensordesc<bf16[{T.BM},{T.BK}]>", "b": f"tensordesc<bf16[{T.BK},{T.BN}]>",
+        "out": f"tensordesc<bf16[{T.BM},{T.BN}]>"}
+COMMON = dict(BM=T.BM, BN=T.BN, BK=T.BK, GROUP_M=T.GROUP_M, EVEN_K=True, USE_TMA=True,
+              B_TRANS=False, OUT_TMA=True)
+
+
+def signature(fn, consts, types):
+    sig = {}
+    for name in fn.arg_names:
+        sig[name] = "constexpr" if name in consts else types.get(name, "i32")
+    return sig
+
+
+KERNELS = {
+    "gemm": (gemm_kernel, COMMON, {"a_src": DESC["a"], "b_src": DESC["b"], "out": DESC["out"],
+                                   "ws_ptr": "*fp32", "cnt_ptr": "*i32"}),
+    "ag_gemm": (ag_gemm_kernel, dict(COMMON, TRACE=False),
+                {"a_src": DESC["a"], "b_src": DESC["b"], "out": DESC["out"],
+                 "gathered_src": DESC["a"], "ws_ptr": "*fp32", "cnt_ptr": "*i32",
+                 "flags_ptr": "*i32", "ctx": "*i64", "trace_ptr": "*i64"}),
+    "gemm_rs (own chunk)": (gemm_rs_kernel, dict(COMMON, TRACE=False, OWN=True, MAXP=MAX_PIECES),
+                            {"a_src": DESC["a"], "b_src": DESC["b"], "out": DESC["out"],
+                             "inbox_ptr": "*bf16", "ws_ptr": "*fp32", "cnt_ptr": "*i32",
+                             "flags_ptr": "*i32", "ctx": "*i64", "trace_ptr": "*i64"}),
+}
+
+
+def main() -> int:
+    nvbin = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    bad = 0
+    for name, (fn, consts, types) in KERNELS.items():
+        src = ASTSource(fn=fn, signature=signature(fn, consts, types),
+                        constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
+        k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                           options=dict(num_warps=T.num_warps, num_stages=T.num_stages))
+        path = f"/tmp/commlab-{fn.__name__}.cubin"
+        with open(path, "wb") as f:
+            f.write(k.asm["cubin"])
+        usage = subprocess.run([os.path.join(nvbin, "cuobjdump"), "-res-usage", path],
+                               capture_output=True, text=True).stdout
+        regs = int(re.search(r"REG:(\d+)", usage).group(1))
+        local = int(re.search(r"LOCAL:(\d+)", usage).group(1))
+        bad += local > 0
+        print(f"{name:22s} regs {regs:3d}  spill (local) {local:5d} B  "
+              f"shared {k.metadata.shared:6d} B")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
