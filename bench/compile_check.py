@@ -2,7 +2,10 @@
 registers, spills and shared memory: a cheap check, before any device time, that a
 change to the tile loop did not push the 128x256 accumulator into local memory.
 
-    TRITON_INTERPRET=0 python bench/compile_check.py    # needs triton's bundled ptxas
+    TRITON_INTERPRET=0 python bench/compile_check.py [IR_DIR]   # needs triton's ptxas
+
+With IR_DIR, each kernel's TTGIR goes there too (is the K loop pipelined: async TMA
+copies and ``isAsync`` warp-group dots inside it?).
 """
 
 from __future__ import annotations
@@ -59,6 +62,10 @@ def main() -> int:
                         constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
         k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                            options=dict(num_warps=T.num_warps, num_stages=T.num_stages))
+        if len(sys.argv) > 1:
+            os.makedirs(sys.argv[1], exist_ok=True)
+            with open(os.path.join(sys.argv[1], f"{fn.__name__}.ttgir"), "w") as f:
+                f.write(k.asm["ttgir"])
         path = f"/tmp/commlab-{fn.__name__}.cubin"
         with open(path, "wb") as f:
             f.write(k.asm["cubin"])
@@ -67,8 +74,9 @@ def main() -> int:
         regs = int(re.search(r"REG:(\d+)", usage).group(1))
         local = int(re.search(r"LOCAL:(\d+)", usage).group(1))
         bad += local > 0
+        asyncs = k.asm["ttgir"].count("isAsync = true")
         print(f"{name:22s} regs {regs:3d}  spill (local) {local:5d} B  "
-              f"shared {k.metadata.shared:6d} B")
+              f"shared {k.metadata.shared:6d} B  async dots {asyncs}")
     return 1 if bad else 0
 
 

@@ -30,11 +30,13 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 source bench/_steps.sh  # step TAG NAME SECONDS CMD..., STEPS, status
 $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, \
 'gpus', torch.cuda.device_count(), torch.cuda.get_device_name(0))"
-step compile "kernels compiled for sm_90: registers, spills" 120 $PY bench/compile_check.py
+step compile "kernels compiled for sm_90: registers, spills" 120 $PY bench/compile_check.py "$OUTDIR/ir"
 step gemm_sk "Triton GEMM, stream-K off/auto/on vs cuBLAS (one GPU)" 200 \
   $PY bench/gpu_gemm_variants.py --out "$OUTDIR"
 step smoke "smoke" 170 $PY -m torch.distributed.run --standalone --nproc-per-node 2 bench/gpu_smoke.py
-step tests "gpu tests" 280 $PY -m pytest -m gpu -q -p no:cacheprovider -rs tests
+step tests "gpu tests" 450 $PY -m pytest -m gpu -q -p no:cacheprovider -rs tests
+step overlap_test "gpu overlap test alone" 330 $PY -m pytest -m gpu -q -p no:cacheprovider -rs \
+  tests/test_overlap_gpu.py
 step overlap "overlap check + benchmark" 280 $PY -m torch.distributed.run --standalone \
   --nproc-per-node 2 bench/gpu_overlap.py --out "$OUTDIR" ${OVERLAP_ARGS:-}
 step quickstart "quickstart (magics, cuda)" 110 $PY bench/gpu_quickstart_check.py --ranks 2

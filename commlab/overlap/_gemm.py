@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from commlab.overlap import _common as oc
-from commlab.overlap._tiles import grouped_tile, mma, sk_combine, sk_segment, store_tile
+from commlab.overlap._tiles import grouped_tile, mma, sk_combine, sk_range, sk_segment, store_tile
 
 
 @triton.jit
@@ -37,19 +37,16 @@ def gemm_kernel(
         acc = mma(a_src, pid_m * 0, M, b_src, stride_bk, stride_bn, N, K, pid_m, pid_n,
                   0, KI, BM, BN, BK, EVEN_K, USE_TMA, B_TRANS)
         store_tile(out, pid_m * 0, M, N, pid_m, pid_n, acc, BM, BN, OUT_TMA)
-    if SK_ITERS > 0:  # the tail, in K segments
-        end = (tiles - DP_TILES) * KI
-        it = min(pid * SK_ITERS, end)
-        stop = min(it + SK_ITERS, end)
-        while it < stop:
-            j, k_lo, k_hi = sk_segment(it, stop, KI)
-            pid_m, pid_n = grouped_tile(DP_TILES + j, M, N, BM, BN, GROUP_M)
-            acc = mma(a_src, pid_m * 0, M, b_src, stride_bk, stride_bn, N, K, pid_m, pid_n,
-                      k_lo, k_hi, BM, BN, BK, EVEN_K, USE_TMA, B_TRANS)
-            acc, done = sk_combine(ws_ptr, cnt_ptr, acc, j, KI, SK_ITERS, BM, BN)
-            if done:
-                store_tile(out, pid_m * 0, M, N, pid_m, pid_n, acc, BM, BN, OUT_TMA)
-            it = j * KI + k_hi
+    # the tail, in K segments: a for loop (not a while) keeps the main loop pipelined
+    it0, stop, first, n_seg = sk_range(tiles - DP_TILES, KI, SK_ITERS)
+    for s in range(0, n_seg):
+        j, k_lo, k_hi = sk_segment(first + s, it0, stop, KI)
+        pid_m, pid_n = grouped_tile(DP_TILES + j, M, N, BM, BN, GROUP_M)
+        acc = mma(a_src, pid_m * 0, M, b_src, stride_bk, stride_bn, N, K, pid_m, pid_n,
+                  k_lo, k_hi, BM, BN, BK, EVEN_K, USE_TMA, B_TRANS)
+        acc, done = sk_combine(ws_ptr, cnt_ptr, acc, j, KI, SK_ITERS, BM, BN)
+        if done:
+            store_tile(out, pid_m * 0, M, N, pid_m, pid_n, acc, BM, BN, OUT_TMA)
 
 
 def matmul(comm, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

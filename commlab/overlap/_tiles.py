@@ -157,12 +157,23 @@ def mma(a_src, row0, rows, b_src, stride_bk, stride_bn, N, K, pid_m, pid_n, k_lo
 
 
 @triton.jit
-def sk_segment(it, end, KI):
-    """The segment starting at stream-K iteration ``it`` (of a program whose range ends
-    at ``end``): (tail tile j, its first and one-past-last K iteration)."""
-    j = it // KI
-    k_lo = it - j * KI
-    k_hi = min(KI, end - j * KI)
+def sk_range(tail_tiles, KI, SK_ITERS):
+    """This program's share of the tail: K iterations [it0, stop) of the tail's
+    tail_tiles * KI, which touch tail tiles first .. first + n_seg - 1 (n_seg = 0: none,
+    also when SK_ITERS = 0, i.e. no tail)."""
+    end = tail_tiles * KI
+    it0 = min(tl.program_id(0) * SK_ITERS, end)
+    stop = min(it0 + SK_ITERS, end)
+    first = it0 // KI
+    n_seg = (stop + KI - 1) // KI - first
+    return it0, stop, first, n_seg
+
+
+@triton.jit
+def sk_segment(j, it0, stop, KI):
+    """(tail tile j, the first and one-past-last of its K iterations in [it0, stop))."""
+    k_lo = max(it0 - j * KI, 0)
+    k_hi = min(stop - j * KI, KI)
     return j, k_lo, k_hi
 
 

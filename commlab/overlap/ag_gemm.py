@@ -40,7 +40,15 @@ import commlab.language as cl
 from commlab import trace
 from commlab.collectives._common import agree, comm_or_raise, launch_for
 from commlab.overlap import _common as oc
-from commlab.overlap._tiles import grouped_tile, mma, sk_combine, sk_segment, stamp, store_tile
+from commlab.overlap._tiles import (
+    grouped_tile,
+    mma,
+    sk_combine,
+    sk_range,
+    sk_segment,
+    stamp,
+    store_tile,
+)
 
 
 @triton.jit
@@ -161,20 +169,16 @@ def ag_gemm_kernel(
                           ROWS, N, K, stride_bk, stride_bn, epoch, KI, SK_ITERS,
                           False, BM, BN, BK, GROUP_M, EVEN_K, USE_TMA, B_TRANS, OUT_TMA,
                           TRACE)
-    if SK_ITERS > 0:
-        end = (TILES - DP_TILES) * KI
-        it = min(pid * SK_ITERS, end)
-        stop = min(it + SK_ITERS, end)
-        first = it // KI
-        while it < stop:
-            j, k_lo, k_hi = sk_segment(it, stop, KI)
-            landed = _ag_tile(a_src, b_src, out, gathered_src, flags_ptr, ws_ptr, cnt_ptr,
-                              trace_ptr, DP_TILES + j, TILES + 3 * pid + j - first, j,
-                              k_lo, k_hi, landed, me, world, tiles_per_chunk,
-                              ROWS, N, K, stride_bk, stride_bn, epoch, KI, SK_ITERS,
-                              True, BM, BN, BK, GROUP_M, EVEN_K, USE_TMA, B_TRANS,
-                              OUT_TMA, TRACE)
-            it = j * KI + k_hi
+    # the tail, in K segments: a for loop (not a while) keeps the main loop pipelined
+    it0, stop, first, n_seg = sk_range(TILES - DP_TILES, KI, SK_ITERS)
+    for s in range(0, n_seg):
+        j, k_lo, k_hi = sk_segment(first + s, it0, stop, KI)
+        landed = _ag_tile(a_src, b_src, out, gathered_src, flags_ptr, ws_ptr, cnt_ptr,
+                          trace_ptr, DP_TILES + j, TILES + 3 * pid + s, j, k_lo, k_hi,
+                          landed, me, world, tiles_per_chunk,
+                          ROWS, N, K, stride_bk, stride_bn, epoch, KI, SK_ITERS,
+                          True, BM, BN, BK, GROUP_M, EVEN_K, USE_TMA, B_TRANS, OUT_TMA,
+                          TRACE)
 
 
 def _push_cuda(comm, a, bufs: oc.Buffers, slot: torch.Tensor, epoch: int) -> torch.cuda.Event:

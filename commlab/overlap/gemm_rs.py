@@ -59,7 +59,15 @@ import commlab.language as cl
 from commlab import trace
 from commlab.collectives._common import agree, comm_or_raise
 from commlab.overlap import _common as oc
-from commlab.overlap._tiles import grouped_tile, mma, sk_combine, sk_segment, stamp, store_tile
+from commlab.overlap._tiles import (
+    grouped_tile,
+    mma,
+    sk_combine,
+    sk_range,
+    sk_segment,
+    stamp,
+    store_tile,
+)
 
 
 @triton.jit
@@ -162,21 +170,16 @@ def gemm_rs_kernel(
                          ROWS, N, K, stride_bk, stride_bn, epoch, PIECE_TILES, KI, SK_ITERS,
                          False, OWN, MAXP, OUT_TMA, BM, BN, BK, GROUP_M, EVEN_K, USE_TMA,
                          B_TRANS, TRACE)
-    if SK_ITERS > 0:
-        end = (tiles - DP_TILES) * KI
-        it = min(pid * SK_ITERS, end)
-        stop = min(it + SK_ITERS, end)
-        first = it // KI
-        while it < stop:
-            j, k_lo, k_hi = sk_segment(it, stop, KI)
-            ready = _rs_tile(a_src, b_src, out, inbox_ptr, flags_ptr, ws_ptr, cnt_ptr,
-                             trace_ptr, DP_TILES + j, base + tiles + 3 * pid + j - first,
-                             chunk_idx * tiles + DP_TILES + j, j, k_lo, k_hi, ready, me,
-                             world, dst,
-                             ROWS, N, K, stride_bk, stride_bn, epoch, PIECE_TILES, KI,
-                             SK_ITERS, True, OWN, MAXP, OUT_TMA, BM, BN, BK, GROUP_M,
-                             EVEN_K, USE_TMA, B_TRANS, TRACE)
-            it = j * KI + k_hi
+    # the tail, in K segments: a for loop (not a while) keeps the main loop pipelined
+    it0, stop, first, n_seg = sk_range(tiles - DP_TILES, KI, SK_ITERS)
+    for s in range(0, n_seg):
+        j, k_lo, k_hi = sk_segment(first + s, it0, stop, KI)
+        ready = _rs_tile(a_src, b_src, out, inbox_ptr, flags_ptr, ws_ptr, cnt_ptr, trace_ptr,
+                         DP_TILES + j, base + tiles + 3 * pid + s, chunk_idx * tiles + DP_TILES + j,
+                         j, k_lo, k_hi, ready, me, world, dst,
+                         ROWS, N, K, stride_bk, stride_bn, epoch, PIECE_TILES, KI, SK_ITERS,
+                         True, OWN, MAXP, OUT_TMA, BM, BN, BK, GROUP_M, EVEN_K, USE_TMA,
+                         B_TRANS, TRACE)
 
 
 MAX_PIECES = 16  # flags per (source, call)
