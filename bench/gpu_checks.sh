@@ -3,8 +3,8 @@
 #
 #   bash bench/gpu_checks.sh      # from the repository root, wheels for the engine in .whl/
 #
-# 0. bench/compile_check.py (registers/spills), bench/gpu_gemm_variants.py (stream-K tail
-#    off/auto/on vs cuBLAS on the overlap benchmark's local GEMMs)
+# 0. bench/compile_check.py (registers/spills), bench/gpu_gemm_variants.py (split tail
+#    off/on vs cuBLAS on the overlap benchmark's local GEMMs)
 # 1. bench/gpu_smoke.py under torchrun: every op x algorithm x dtype x size vs NCCL,
 #    the device language compiled, heap lifetime, back-to-back calls
 # 2. pytest -m gpu (bench, topology, linkbench, overlap)
@@ -31,14 +31,14 @@ source bench/_steps.sh  # step TAG NAME SECONDS CMD..., STEPS, status
 $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, \
 'gpus', torch.cuda.device_count(), torch.cuda.get_device_name(0))"
 step compile "kernels compiled for sm_90: registers, spills" 120 $PY bench/compile_check.py "$OUTDIR/ir"
-step gemm_sk "Triton GEMM, stream-K off/auto/on vs cuBLAS (one GPU)" 200 \
+step gemm_tail "Triton GEMM, split tail off/on vs cuBLAS (one GPU)" 200 \
   $PY bench/gpu_gemm_variants.py --out "$OUTDIR"
 step smoke "smoke" 170 $PY -m torch.distributed.run --standalone --nproc-per-node 2 bench/gpu_smoke.py
 step tests "gpu tests" 450 $PY -m pytest -m gpu -q -p no:cacheprovider -rs tests
-step overlap_test "gpu overlap test alone" 330 $PY -m pytest -m gpu -q -p no:cacheprovider -rs \
-  tests/test_overlap_gpu.py
 step overlap "overlap check + benchmark" 280 $PY -m torch.distributed.run --standalone \
   --nproc-per-node 2 bench/gpu_overlap.py --out "$OUTDIR" ${OVERLAP_ARGS:-}
+step overlap_test "gpu overlap test alone" 450 $PY -m pytest -m gpu -q -s -p no:cacheprovider \
+  -rs tests/test_overlap_gpu.py
 step quickstart "quickstart (magics, cuda)" 110 $PY bench/gpu_quickstart_check.py --ranks 2
 step nvml "NVML counter probe" 100 $PY bench/nvml_probe.py
 step topology "topology + linkbench" 110 $PY bench/gpu_topology_check.py "$OUTDIR/topo"

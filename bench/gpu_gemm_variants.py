@@ -1,13 +1,13 @@
 """Which form of the Triton GEMM is fastest on this GPU? One GPU, no communication.
 
-    python bench/gpu_gemm_variants.py --out DIR                # stream-K off/auto/on
+    python bench/gpu_gemm_variants.py --out DIR                # split tail off/on
     python bench/gpu_gemm_variants.py --out DIR --what forms   # the store/loop forms
 
-"--what sk" (default) times commlab's own GEMM (``commlab.overlap._gemm.matmul``, the
-fused kernels' tile loop) with its stream-K tail off, as the rule picks it ("auto") and
-forced on, next to cuBLAS, on every local GEMM of bench/gpu_overlap.py: the all-gather
+"--what tail" (default) times commlab's own GEMM (``commlab.overlap._gemm.matmul``, the
+fused kernels' tile loop) with the partial last wave's tiles whole ("off") and split
+along K ("on", the default: ``_common.schedule``), next to cuBLAS, on every local GEMM of bench/gpu_overlap.py: the all-gather
 GEMMs at M rows, the reduce-scatter GEMMs at M and M/2 rows (the fused gemm_rs launches
-one GEMM per row chunk). Writes DIR/gemm-stream-k.json.
+one GEMM per row chunk). Writes DIR/gemm-split-tail.json.
 
 "--what forms" (below) is the earlier study of the tile loop's forms.
 
@@ -125,11 +125,11 @@ def save(out_dir: str, dev, records: list) -> None:
 SK_SHAPES = [("ag", "8B", 4096, 14336), ("ag", "70B", 8192, 28672),
              ("rs", "8B", 7168, 4096), ("rs", "70B", 14336, 8192)]
 SK_MS = (512, 2048, 8192, 16384)
-MODES = ("off", "auto", "on")
+MODES = ("off", "on")
 ROUNDS = 3
 
 
-def stream_k(out_dir: str, dev) -> None:
+def split_tail(out_dir: str, dev) -> None:
     from types import SimpleNamespace
 
     from commlab.overlap import _common as oc
@@ -150,30 +150,31 @@ def stream_k(out_dir: str, dev) -> None:
                 for rnd in range(ROUNDS):  # interleaved: clock drift hits every mode alike
                     cublas_t.append(time_us(lambda: a @ b))
                     for mode in MODES:
-                        oc.STREAM_K = mode
+                        oc.SPLIT_TAIL = mode == "on"
                         if rnd == 0:
                             out = matmul(comm, a, b)
                             err = (out.float() - ref.float()).abs().max().item()
                             if not err <= 2e-2 * max(1.0, ref.float().abs().max().item()):
-                                raise AssertionError(f"{op} {model} M={m} stream-K {mode}: "
+                                raise AssertionError(f"{op} {model} M={m} split tail {mode}: "
                                                      f"wrong result, max error {err:.3g}")
                         times[mode].append(time_us(lambda: matmul(comm, a, b)))
                 cublas = sorted(cublas_t)[ROUNDS // 2]
                 line = f"{op} {model:3} M={m:5d} cuBLAS {cublas:7.1f}"
                 rec = dict(op=op, model=model, m=m, k=k, n=n, cublas_us=cublas)
                 for mode in MODES:
-                    oc.STREAM_K = mode
+                    oc.SPLIT_TAIL = mode == "on"
                     sched = oc.schedule(comm, oc.GPU_TILE, tiles, k)
                     t = sorted(times[mode])[len(times[mode]) // 2]
                     line += f" | {mode} {t:7.1f} ({t / cublas - 1:+.1%})"
                     rec[mode] = dict(time_us=t, rounds=times[mode], dp_tiles=sched.dp_tiles,
-                                     tiles=tiles, sk_iters=sched.sk_iters)
-                oc.STREAM_K = "auto"
+                                     tiles=tiles, split=sched.split)
+                    line += f" [split {sched.split}]" if sched.split else ""
+                oc.SPLIT_TAIL = True
                 records.append(rec)
                 print(line + f"  [tiles {tiles}, waves {tiles / sched.programs:.2f}]",
                       flush=True)
                 Path(out_dir).mkdir(parents=True, exist_ok=True)
-                (Path(out_dir) / "gemm-stream-k.json").write_text(json.dumps(dict(
+                (Path(out_dir) / "gemm-split-tail.json").write_text(json.dumps(dict(
                     device=torch.cuda.get_device_name(dev), torch=torch.__version__,
                     triton=triton.__version__, records=records), indent=1) + "\n")
 
@@ -181,13 +182,13 @@ def stream_k(out_dir: str, dev) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default="bench/results")
-    p.add_argument("--what", choices=("sk", "forms"), default="sk")
+    p.add_argument("--what", choices=("tail", "forms"), default="tail")
     args = p.parse_args()
     dev = torch.device("cuda", 0)
-    if args.what == "sk":
+    if args.what == "tail":
         triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8,
                                                                      device=dev))
-        return stream_k(args.out, dev)
+        return split_tail(args.out, dev)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8,
                                                                  device=dev))

@@ -154,7 +154,9 @@ def check(comm) -> int:
 # --- 2. timing -----------------------------------------------------------------------
 
 
-def bench(comm, args) -> list[dict]:
+def bench(comm, args, save) -> list[dict]:
+    """Time every impl at every shape; ``save(records)`` after each shape (a time limit
+    keeps what ran)."""
     records, dev_name = [], device_name(comm)
     commit = os.environ.get("COMMLAB_COMMIT") or git_commit()  # no .git on some machines
     ms = [int(x) for x in args.m_values.split(",")]
@@ -184,6 +186,7 @@ def bench(comm, args) -> list[dict]:
                                         model=f"llama3-{model}",
                                         rounds=[round(v, 2) for v in rounds[name]]))
                 del impls
+                save(records)
                 seq, fused, comm_t = t["sequential"], t["commlab:fused"], t["comm_only"]
                 tt = t.get("torch_symm_mem:fused", float("nan"))
                 log(comm, f"{op:8} {model:5} {m:6d} {seq:8.1f} {t['commlab:sequential']:8.1f} "
@@ -304,17 +307,21 @@ def main() -> int:
         log(comm, f"torch symmetric memory not enabled: {e}")
     log(comm, f"{comm.world_size} x {device_name(comm)}, torch {torch.__version__}")
     fails = 0 if args.skip_check else check(comm)
-    records = bench(comm, args)
+    out, tag = Path(args.out), machine_tag(comm)
+    rec_path = out / f"overlap-{tag}-w{comm.world_size}.json"
+
+    def save(records):
+        if comm.rank == 0:
+            out.mkdir(parents=True, exist_ok=True)
+            rec_path.write_text(json.dumps(records, indent=1) + "\n")
+
+    records = bench(comm, args, save)
     tile_records = tile_sweep(comm, args) if args.tiles else []
     spans = traced(comm)
     all_spans = [None] * comm.world_size
     dist.all_gather_object(all_spans, spans, group=comm.cpu_group)
     if comm.rank == 0:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        tag = machine_tag(comm)
-        rec_path = out / f"overlap-{tag}-w{comm.world_size}.json"
-        rec_path.write_text(json.dumps(records, indent=1) + "\n")
+        save(records)
         trace_path = out / f"overlap-trace-{tag}.json"
         trace_path.write_text(json.dumps([s for r in all_spans for s in r]) + "\n")
         if tile_records:

@@ -200,37 +200,40 @@ def _check_pieces(comm, checks, g):
                 assert not bufs.flags[src, pieces:].any()
 
 
-def _check_stream_k(comm, checks, g):
-    """The kernels as on a GPU with 5 or 7 SMs: the tiles that do not fill the last wave
-    are split into K segments (stream-K) and combined by whichever program finishes last;
-    with 7 there are fewer tiles per launch than programs (gemm_rs), every tile split."""
+def _check_split_tail(comm, checks, g):
+    """The kernels as on a GPU with 5 or 7 SMs: the tiles of a partial last wave are
+    split into parts of K, one per program, and combined by whichever finishes last."""
     import commlab
     from commlab.overlap import _common as oc
     from commlab.overlap._gemm import matmul
     from commlab.trace import Span
 
-    rows, k, n = 25, 520, 72  # 6 tiles per chunk, 9 K iterations of 64 (the last ragged)
-    saved = oc.CPU_PROGRAMS, oc.STREAM_K
-    oc.STREAM_K = "on"
+    rows, k, n = 16, 1100, 72  # 3 tiles per chunk, 18 K iterations of 64 (the last ragged)
+    w = comm.world_size
+    saved = oc.CPU_PROGRAMS
+    split = set()
     try:
         for progs in (5, 7):
             oc.CPU_PROGRAMS = progs
-            tiles = 6 * comm.world_size
-            sched = oc.schedule(comm, oc.CPU_TILE, tiles, k)
-            with checks.case("stream_k", f"{progs} programs: {sched}"):
-                assert sched.sk_iters > 0 and sched.dp_tiles < tiles, sched
+            for op, tiles in (("ag_gemm", 3 * w), ("gemm_rs", 3), ("matmul", 3)):
+                if oc.schedule(comm, oc.CPU_TILE, tiles, k).split:
+                    split.add(op)
+            with checks.case("split_tail", f"{progs} programs"):
                 a = torch.randn(rows, k, generator=g).bfloat16()
                 b = torch.randn(k, n, generator=g).bfloat16()
                 _close(commlab.ag_gemm(a, b, algorithm="fused"),
                        _gathered(comm, a.float()) @ b.float())
-                a2 = torch.randn(comm.world_size * rows, k, generator=g).bfloat16()
+                a2 = torch.randn(w * rows, k, generator=g).bfloat16()
                 _close(commlab.gemm_rs(a2, b, algorithm="fused"),
                        _reduce_scattered(comm, (a2.float() @ b.float()).bfloat16().float()))
                 _close(matmul(comm, a, b), a.float() @ b.float())
-                ws, cnt = oc.sk_workspace(comm, sched, oc.CPU_TILE)
+                sched = oc.schedule(comm, oc.CPU_TILE, 3 * w, k)
+                _, cnt = oc.tail_workspace(comm, sched, oc.CPU_TILE)
                 assert not cnt.any(), "arrival counters must be back at zero"
-        with checks.case("stream_k", "a tile computed in segments shows on several lanes"):
-            oc.CPU_PROGRAMS = 5
+        with checks.case("split_tail", "every op ran with a split tail"):
+            assert split == {"ag_gemm", "gemm_rs", "matmul"}, split
+        with checks.case("split_tail", "a tile computed in parts shows on several lanes"):
+            oc.CPU_PROGRAMS = 5 if w == 2 else 7  # ag_gemm's 3 W tiles: a split tail
             commlab.trace.start()
             commlab.ag_gemm(torch.randn(rows, k, generator=g).bfloat16(),
                             torch.randn(k, n, generator=g).bfloat16(), algorithm="fused")
@@ -239,11 +242,12 @@ def _check_stream_k(comm, checks, g):
             for s in spans:
                 if isinstance(s, Span) and s.kind == "compute" and "tile" in s.meta:
                     lanes.setdefault(s.meta["tile"], set()).add(s.lane)
-            assert sorted(lanes) == list(range(tiles)), sorted(lanes)
+            assert sorted(lanes) == list(range(3 * w)), sorted(lanes)
             assert any(len(v) > 1 for v in lanes.values()), lanes
-            assert {ln for v in lanes.values() for ln in v} <= {f"program {i}" for i in range(5)}
+            used = {ln for v in lanes.values() for ln in v}
+            assert used <= {f"program {i}" for i in range(oc.CPU_PROGRAMS)}, used
     finally:
-        oc.CPU_PROGRAMS, oc.STREAM_K = saved
+        oc.CPU_PROGRAMS = saved
 
 
 def overlap_world(comm, seed):
@@ -252,7 +256,7 @@ def overlap_world(comm, seed):
     if comm.world_size == 2:
         _check_pieces(comm, checks, g)
     _check_numerics(comm, checks, g)
-    _check_stream_k(comm, checks, g)
+    _check_split_tail(comm, checks, g)
     _check_errors(comm, checks)
     _check_trace(comm, checks, g)
     return checks.result()
@@ -314,11 +318,11 @@ def test_the_fused_kernels_gemm_alone_matches_torch(results, world_size):
 
 
 @pytest.mark.parametrize("world_size", WORLDS)
-def test_tail_tiles_split_over_every_program_give_the_same_result(results, world_size):
-    assert_checks(results(world_size), "stream_k")
+def test_a_partial_last_wave_split_along_k_gives_the_same_result(results, world_size):
+    assert_checks(results(world_size), "split_tail")
 
 
-def test_stream_k_splits_only_a_partial_last_wave():
+def test_only_a_partial_last_wave_is_split_and_into_equal_parts_of_k():
     from types import SimpleNamespace
 
     from commlab.overlap import _common as oc
@@ -327,20 +331,20 @@ def test_stream_k_splits_only_a_partial_last_wave():
     oc._SMS["cuda:0"] = 132
     try:
         t = oc.GPU_TILE
-        # 8B all-gather GEMM, M=8192: 3584 tiles = 27 waves + 20; K=4096 -> 64 iterations
+        # 8B all-gather GEMM, M=8192: 3584 tiles = 27 waves + 20 tiles; 64 K iterations
         s = oc.schedule(gpu, t, 3584, 4096)
-        assert (s.programs, s.dp_tiles) == (132, 3584 - 152)
-        assert s.sk_iters == -(-152 * 64 // 132) == 74
-        assert oc.schedule(gpu, t, 132 * 4, 4096).sk_iters == 0  # full waves: none
-        assert oc.schedule(gpu, t, 132 + 125, 4096).sk_iters == 0  # last wave 95% full
-        assert oc.schedule(gpu, t, 100, 256).sk_iters == 0  # 4 K iterations: too few
-        few = oc.schedule(gpu, t, 32, 7168)  # fewer tiles than SMs: every tile split
-        assert (few.programs, few.dp_tiles, few.sk_iters) == (132, 0, -(-32 * 112 // 132))
-        with pytest.raises(ValueError, match="STREAM_K"):
-            oc.STREAM_K = "sometimes"
-            oc.schedule(gpu, t, 3584, 4096)
+        assert (s.programs, s.dp_tiles, s.split) == (132, 3564, 6)  # 132 // 20
+        assert s.trace_rows == 3584 + 132
+        assert oc.schedule(gpu, t, 132 * 4, 4096).split == 0  # full waves
+        assert oc.schedule(gpu, t, 132 + 70, 4096).split == 0  # last wave over half full
+        assert oc.schedule(gpu, t, 132 + 10, 4096).split == 8  # at most 8 parts
+        assert oc.schedule(gpu, t, 132 + 10, 640).split == 2  # >= 4 K iterations a part
+        few = oc.schedule(gpu, t, 32, 7168)  # fewer tiles than SMs: each in 4 parts
+        assert (few.programs, few.dp_tiles, few.split) == (132, 0, 4)
+        oc.SPLIT_TAIL = False
+        assert oc.schedule(gpu, t, 3584, 4096) == oc.Schedule(132, 3584, 3584, 0)
     finally:
-        oc.STREAM_K = "auto"
+        oc.SPLIT_TAIL = True
         del oc._SMS["cuda:0"]
 
 

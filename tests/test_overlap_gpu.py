@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import secrets
+import time
 
 import pytest
 import torch
@@ -32,8 +33,11 @@ def gpu_overlap_world(comm, seed):
         if got.shape != ref.shape or not err <= scale:
             failures.append(f"rank {comm.rank} {label}: max err {err:.4g} > {scale:.4g}")
 
+    t0 = time.monotonic()
     for dtype in (torch.bfloat16, torch.float16):
         for rows, k, n in SHAPES:
+            if comm.rank == 0:  # progress (pytest -s shows it): compiles take most of it
+                print(f"[{time.monotonic() - t0:5.0f} s] {dtype} {rows}x{k}x{n}", flush=True)
             for transposed in (False, True):
                 label = f"{dtype} rows={rows} k={k} n={n} b^T={transposed}"
                 for _ in range(3):  # both buffer parities, epochs > 1

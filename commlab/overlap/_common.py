@@ -155,65 +155,60 @@ def programs(comm: Communicator, tiles: int) -> int:
     return max(1, min(tiles, _SMS[comm.device]))
 
 
-# --- the stream-K tail ---------------------------------------------------------------
+# --- the split tail ------------------------------------------------------------------
 
-STREAM_K = "auto"  # "auto" (the rule in schedule()), "on" (whenever it applies), "off"
-SK_MAX_FILL = 0.9  # auto: no stream-K when the last wave is at least this full
-SK_MIN_K_ITERS = 8  # a tile needs this many K iterations to be worth splitting
+SPLIT_TAIL = True  # False: every tile whole (the benchmark compares both)
+TAIL_MAX_SPLIT = 8  # the combining program reads this many fp32 parts at most
+TAIL_MIN_PART_ITERS = 4  # K iterations per part at least (each part refills the pipeline)
 
 
 @dataclass(frozen=True)
 class Schedule:
     """How a persistent launch of ``programs`` programs covers ``tiles`` output tiles:
-    tiles [0, dp_tiles) whole, round robin; the rest ("tail") split into K iterations,
-    ``sk_iters`` consecutive ones per program (0: no tail). A program's tail range
-    touches at most three tiles, so its segments have trace rows ``tiles + 3 * pid + i``.
-    """
+    tiles [0, dp_tiles) whole, round robin (whole waves); each of the rest (the partial
+    last wave) in ``split`` parts of K, one part per program (split 0: no such tail).
+    Program p's part has trace row ``tiles + p``."""
 
     programs: int
     tiles: int
     dp_tiles: int
-    sk_iters: int
+    split: int
 
     @property
     def trace_rows(self) -> int:
-        return self.tiles + 3 * self.programs
+        return self.tiles + self.programs
 
 
 def schedule(comm: Communicator, cfg: TileConfig, tiles: int, k: int) -> Schedule:
-    """Whole tiles while they fill waves; stream-K for the partial last wave.
+    """Whole tiles for the full waves; the partial last wave split along K.
 
-    With tiles = full * P + rem (P programs, one per SM) and 0 < rem: the last P + rem
-    tiles (all of them when full == 0: fewer tiles than SMs) are split evenly, so every
-    program does the same number of K iterations instead of rem programs doing one more
-    tile while P - rem idle. Without a tail the grid is min(P, tiles)."""
+    With tiles = full * P + rem (P programs, one per SM) and 0 < rem: the rem tiles of the
+    last wave (all tiles when there are fewer than SMs) are each split into
+    S = P // rem parts of K (at most TAIL_MAX_SPLIT, parts of at least
+    TAIL_MIN_PART_ITERS iterations), so the last wave takes ~1/S of a tile's time instead
+    of a whole one while P - rem SMs idle. No split when S < 2 (the wave is over half
+    full). Without a split the grid is min(P, tiles)."""
     p = programs(comm, tiles if comm.backend == "cpu" and CPU_PROGRAMS is None else 1 << 30)
+    rem = tiles % p
     k_iters = -(-k // cfg.BK)
-    full, rem = divmod(tiles, p)
-    mode = STREAM_K
-    if mode not in ("auto", "on", "off"):
-        raise ValueError(f"commlab.overlap._common.STREAM_K must be 'auto', 'on' or 'off', "
-                         f"got {mode!r}")
-    if (mode == "off" or rem == 0 or k_iters < SK_MIN_K_ITERS
-            or (mode == "auto" and rem >= SK_MAX_FILL * p)):
+    split = min(p // rem, TAIL_MAX_SPLIT, k_iters // TAIL_MIN_PART_ITERS) if rem else 0
+    if not SPLIT_TAIL or split < 2:
         return Schedule(min(p, tiles), tiles, tiles, 0)
-    tail = tiles if full == 0 else p + rem
-    sk_iters = max(-(-tail * k_iters // p), SK_MIN_K_ITERS // 2)
-    return Schedule(p, tiles, tiles - tail, sk_iters)
+    return Schedule(p, tiles, tiles - rem, split)
 
 
 _WORKSPACES: dict = {}
 
 
-def sk_workspace(comm: Communicator, sched: Schedule, cfg: TileConfig):
-    """(fp32 partial-tile slots [2 * programs, BM * BN], int32 arrival counters [2 *
-    programs], zero) for a launch with a stream-K tail; cached per device and stream
-    (launches on one stream run one after another, so they can share it)."""
+def tail_workspace(comm: Communicator, sched: Schedule, cfg: TileConfig):
+    """(fp32 part slots [programs, BM * BN], int32 arrival counters [programs], zero) for
+    a launch with a split tail; cached per device and stream (launches on one stream run
+    one after another, so they can share it)."""
     stream = torch.cuda.current_stream(comm.device).cuda_stream if comm.backend == "cuda" else 0
     key = (str(comm.device), stream, cfg.BM, cfg.BN)
     have = _WORKSPACES.get(key)
-    if have is None or have[1].numel() < 2 * sched.programs:
-        n = 2 * max(sched.programs, 1)
+    if have is None or have[1].numel() < sched.programs:
+        n = max(sched.programs, 1)
         _WORKSPACES[key] = have = (
             torch.empty((n, cfg.BM * cfg.BN), dtype=torch.float32, device=comm.device),
             torch.zeros(n, dtype=torch.int32, device=comm.device))
@@ -327,7 +322,7 @@ def add_tile_spans(comm: Communicator, trace: torch.Tensor, clock: Clock, op: st
 
     ``roles_of(tile)`` names the roles between consecutive stamps, e.g.
     ("wait", "compute") for a tile stamped at columns 0, 1, 2 (None: no span). A tile
-    computed in stream-K segments has one row per segment: its spans share the tile."""
+    computed in parts (a split tail) has one row per part: their spans share the tile."""
     rows = trace.cpu().tolist()
     started = [r[0] for r in rows if r[0]]
     if not started:

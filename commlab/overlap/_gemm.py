@@ -14,16 +14,16 @@ import triton
 import triton.language as tl
 
 from commlab.overlap import _common as oc
-from commlab.overlap._tiles import grouped_tile, mma, sk_combine, sk_range, sk_segment, store_tile
+from commlab.overlap._tiles import grouped_tile, mma, store_tile, tail_combine, tail_part
 
 
 @triton.jit
 def gemm_kernel(
     a_src, b_src, out,  # A [M, K] and B as in the fused kernels; out [M, N] (store_tile)
-    ws_ptr, cnt_ptr,  # stream-K workspace (sk_combine)
+    ws_ptr, cnt_ptr,  # split-tail workspace (tail_combine)
     M, N, K,
     stride_bk, stride_bn,
-    DP_TILES, SK_ITERS,  # the schedule (_common.schedule)
+    DP_TILES, SPLIT,  # the schedule (_common.schedule)
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
     EVEN_K: tl.constexpr, USE_TMA: tl.constexpr, B_TRANS: tl.constexpr,
     OUT_TMA: tl.constexpr,
@@ -37,14 +37,14 @@ def gemm_kernel(
         acc = mma(a_src, pid_m * 0, M, b_src, stride_bk, stride_bn, N, K, pid_m, pid_n,
                   0, KI, BM, BN, BK, EVEN_K, USE_TMA, B_TRANS)
         store_tile(out, pid_m * 0, M, N, pid_m, pid_n, acc, BM, BN, OUT_TMA)
-    # the tail, in K segments: a for loop (not a while) keeps the main loop pipelined
-    it0, stop, first, n_seg = sk_range(tiles - DP_TILES, KI, SK_ITERS)
-    for s in range(0, n_seg):
-        j, k_lo, k_hi = sk_segment(first + s, it0, stop, KI)
+    # the partial last wave, split along K (a loop of 0 or 1 trips keeps the K loop as
+    # pipelined as the one above; inside an if it may not be)
+    j, k_lo, k_hi, n = tail_part(tiles - DP_TILES, KI, SPLIT)
+    for _ in range(0, n):
         pid_m, pid_n = grouped_tile(DP_TILES + j, M, N, BM, BN, GROUP_M)
         acc = mma(a_src, pid_m * 0, M, b_src, stride_bk, stride_bn, N, K, pid_m, pid_n,
                   k_lo, k_hi, BM, BN, BK, EVEN_K, USE_TMA, B_TRANS)
-        acc, done = sk_combine(ws_ptr, cnt_ptr, acc, j, KI, SK_ITERS, BM, BN)
+        acc, done = tail_combine(ws_ptr, cnt_ptr, acc, j, tiles - DP_TILES, SPLIT, BM, BN)
         if done:
             store_tile(out, pid_m * 0, M, N, pid_m, pid_n, acc, BM, BN, OUT_TMA)
 
@@ -59,10 +59,10 @@ def matmul(comm, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     ops = oc.operands(comm, cfg, a, b)
     dst, out_tma = oc.output(ops, cfg, out, m)
     sched = oc.schedule(comm, cfg, triton.cdiv(m, cfg.BM) * triton.cdiv(n, cfg.BN), k)
-    ws, cnt = oc.sk_workspace(comm, sched, cfg)
+    ws, cnt = oc.tail_workspace(comm, sched, cfg)
     gemm_kernel[(sched.programs,)](
         ops.a, ops.b, dst, ws, cnt, m, n, k, b.stride(0), b.stride(1),
-        sched.dp_tiles, sched.sk_iters,
+        sched.dp_tiles, sched.split,
         BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, GROUP_M=cfg.GROUP_M, EVEN_K=k % cfg.BK == 0,
         USE_TMA=ops.tma, B_TRANS=ops.b_trans, OUT_TMA=out_tma, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,

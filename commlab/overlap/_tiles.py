@@ -1,7 +1,7 @@
 """Device helpers shared by the overlapped kernels: tile order, the GEMM main loop, the
-stream-K tail, and the tile clock that feeds the timeline.
+split tail of the last wave, and the tile clock that feeds the timeline.
 
-Every tile (or stream-K segment of a tile) can stamp up to four moments (``stamp``) into
+Every tile (or part of a split tile) can stamp up to four moments (``stamp``) into
 a trace buffer ``[rows, TRACE_COLS]`` int64, together with where it ran:
 
     col 0..3  timestamps (ns): the boundaries between the tile's roles, in order
@@ -13,12 +13,13 @@ interpreter never compiles) and the host's ``perf_counter_ns`` on CPU: the inter
 runs plain Python called from a jit function, the same pattern as
 ``commlab.language._host_yield``.
 
-Stream-K (``sk_combine``): a persistent kernel whose tiles do not fill its last wave
-leaves SMs idle for up to a whole tile's time (8B all-gather GEMM, M=8192: 3584 tiles on
-132 SMs, 27.15 waves, so 112 SMs idle through the 28th). The host (``_common.schedule``)
-gives the first tiles whole to the programs, round robin, and splits the last ones by
-K iterations evenly over every program; a tile computed in pieces is combined by the
-program that finishes it last (no program ever waits for another).
+The split tail (``tail_part``, ``tail_combine``): a persistent kernel whose tiles do not
+fill its last wave leaves SMs idle for up to a whole tile's time (8B all-gather GEMM,
+M=8192: 3584 tiles on 132 SMs, 27.15 waves, so 112 SMs idle through the 28th). The host
+(``_common.schedule``) gives the full waves' tiles whole to the programs, round robin,
+and splits each of the last wave's tiles into SPLIT parts of K, one part per program; a
+tile computed in parts is combined by the program that finishes last (no program ever
+waits for another).
 """
 
 from __future__ import annotations
@@ -133,7 +134,7 @@ def mma(a_src, row0, rows, b_src, stride_bk, stride_bn, N, K, pid_m, pid_n, k_lo
         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
         USE_TMA: tl.constexpr, B_TRANS: tl.constexpr):
     """fp32 tile (pid_m, pid_n) of A[row0 : row0 + rows] @ B, K iterations [k_lo, k_hi)
-    (a whole tile: 0 to cdiv(K, BK); a stream-K segment: part of that).
+    (a whole tile: 0 to cdiv(K, BK); a part of a split tail tile: part of that).
 
     USE_TMA (GPU, 16-byte aligned rows): ``a_src``/``b_src`` are tensor descriptors and
     the loads are TMA bulk copies (out-of-bounds reads come back as zeros; B given as
@@ -153,60 +154,50 @@ def mma(a_src, row0, rows, b_src, stride_bk, stride_bn, N, K, pid_m, pid_n, k_lo
     return acc
 
 
-# --- the stream-K tail ---------------------------------------------------------------
+# --- the split tail ------------------------------------------------------------------
 
 
 @triton.jit
-def sk_range(tail_tiles, KI, SK_ITERS):
-    """This program's share of the tail: K iterations [it0, stop) of the tail's
-    tail_tiles * KI, which touch tail tiles first .. first + n_seg - 1 (n_seg = 0: none,
-    also when SK_ITERS = 0, i.e. no tail)."""
-    end = tail_tiles * KI
-    it0 = min(tl.program_id(0) * SK_ITERS, end)
-    stop = min(it0 + SK_ITERS, end)
-    first = it0 // KI
-    n_seg = (stop + KI - 1) // KI - first
-    return it0, stop, first, n_seg
-
-
-@triton.jit
-def sk_segment(j, it0, stop, KI):
-    """(tail tile j, the first and one-past-last of its K iterations in [it0, stop))."""
-    k_lo = max(it0 - j * KI, 0)
-    k_hi = min(stop - j * KI, KI)
-    return j, k_lo, k_hi
-
-
-@triton.jit
-def sk_combine(ws_ptr, cnt_ptr, acc, j, KI, SK_ITERS, BM: tl.constexpr, BN: tl.constexpr):
-    """Combine tail tile ``j``, which programs q0..q1 computed in K segments (this program
-    holds ``acc``, its segment's fp32 sum). Returns (acc, done): done for exactly one
-    program, the last to arrive, whose acc is then the whole tile's sum.
-
-    Each segment goes to the workspace (``ws_ptr``: two [BM, BN] fp32 slots per program:
-    its first tile, its last) and bumps the tile's arrival counter (``cnt_ptr``, int32,
-    zero between launches: the last arrival resets it). The last arrival adds every
-    segment in program order, its own too, so the sum's rounding does not depend on who
-    came last. Memory order as in ``cl.notify``/``cl.wait``: stores, CTA barrier,
-    release; acquire, CTA barrier, loads (from L2: ``.cg``)."""
+def tail_part(TAIL, KI, SPLIT):
+    """This program's part of the partial last wave: (tail tile j, its K iterations
+    [k_lo, k_hi), n) with n = 1 when it has one (programs j, j + TAIL, j + 2 TAIL, ...
+    take parts 0, 1, 2, ... of tail tile j), else 0 (also when SPLIT = 0: no tail).
+    Programs with the same part work on the same K range at the same time, so the tail
+    tiles that share B columns read them once from L2, as whole tiles do."""
     pid = tl.program_id(0)
-    q0 = (j * KI) // SK_ITERS
-    q1 = ((j + 1) * KI - 1) // SK_ITERS
-    done = q0 == q1  # one segment: the whole tile is ours
-    if q0 != q1:
-        offs = tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]
-        mine = pid * 2 + (j != (pid * SK_ITERS) // KI).to(tl.int32)
-        tl.store(ws_ptr + mine.to(tl.int64) * (BM * BN) + offs, acc, cache_modifier=".cg")
-        tl.debug_barrier()  # every thread's stores precede the release
-        arrived = tl.atomic_add(cnt_ptr + j, 1, sem="acq_rel", scope="gpu")
-        done = arrived == q1 - q0
-        if done:
-            tl.debug_barrier()  # no thread loads before the acquire
-            acc = tl.zeros((BM, BN), dtype=tl.float32)
-            for q in range(q0, q1 + 1):
-                s = q * 2 + (j != (q * SK_ITERS) // KI).to(tl.int32)
-                acc += tl.load(ws_ptr + s.to(tl.int64) * (BM * BN) + offs, cache_modifier=".cg")
-            tl.store(cnt_ptr + j, 0)  # every segment has arrived: ready for the next launch
+    rem = max(TAIL, 1)
+    split = max(SPLIT, 1)
+    j = pid % rem
+    part = pid // rem
+    n = (pid < TAIL * SPLIT).to(tl.int32)
+    return j, part * KI // split, (part + 1) * KI // split, n
+
+
+@triton.jit
+def tail_combine(ws_ptr, cnt_ptr, acc, j, TAIL, SPLIT, BM: tl.constexpr, BN: tl.constexpr):
+    """Combine tail tile ``j``, computed in SPLIT K parts by programs j, j + TAIL, ...
+    (this one holds ``acc``, its part's fp32 sum). Returns (acc, done): done for exactly
+    one program, the last to arrive, whose acc is then the whole tile's sum.
+
+    Each part goes to the workspace (``ws_ptr``: one [BM, BN] fp32 slot per program)
+    and bumps the tile's arrival counter (``cnt_ptr``, int32, zero between launches: the
+    last arrival resets it). The last arrival adds the parts in K order, its own too, so
+    the rounding does not depend on who came last. Memory order as in
+    ``cl.notify``/``cl.wait``: stores, CTA barrier, release; acquire, CTA barrier, loads
+    (from L2: ``.cg``)."""
+    offs = tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]
+    mine = tl.program_id(0).to(tl.int64) * (BM * BN)
+    tl.store(ws_ptr + mine + offs, acc, cache_modifier=".cg")
+    tl.debug_barrier()  # every thread's stores precede the release
+    arrived = tl.atomic_add(cnt_ptr + j, 1, sem="acq_rel", scope="gpu")
+    done = arrived == SPLIT - 1
+    if done:
+        tl.debug_barrier()  # no thread loads before the acquire
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for part in range(0, SPLIT):
+            slot = (part * TAIL + j).to(tl.int64) * (BM * BN)
+            acc += tl.load(ws_ptr + slot + offs, cache_modifier=".cg")
+        tl.store(cnt_ptr + j, 0)  # every part has arrived: ready for the next launch
     return acc, done
 
 

@@ -40,15 +40,7 @@ import commlab.language as cl
 from commlab import trace
 from commlab.collectives._common import agree, comm_or_raise, launch_for
 from commlab.overlap import _common as oc
-from commlab.overlap._tiles import (
-    grouped_tile,
-    mma,
-    sk_combine,
-    sk_range,
-    sk_segment,
-    stamp,
-    store_tile,
-)
+from commlab.overlap._tiles import grouped_tile, mma, stamp, store_tile, tail_combine, tail_part
 
 
 @triton.jit
@@ -89,13 +81,13 @@ def ag_push_kernel(
 def _ag_tile(
     a_src, b_src, out, gathered_src, flags_ptr, ws_ptr, cnt_ptr, trace_ptr,
     tile, row, j, k_lo, k_hi, landed, me, world, tiles_per_chunk,
-    ROWS, N, K, stride_bk, stride_bn, epoch, KI, SK_ITERS,
+    ROWS, N, K, stride_bk, stride_bn, epoch, TAIL, SPLIT,
     SEGMENT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
     GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, USE_TMA: tl.constexpr,
     B_TRANS: tl.constexpr, OUT_TMA: tl.constexpr, TRACE: tl.constexpr,
 ):
-    """Output tile ``tile`` (K iterations [k_lo, k_hi): all of them, or a stream-K
-    SEGMENT of tail tile j); returns the program's new ``landed``."""
+    """Output tile ``tile`` (K iterations [k_lo, k_hi): all of them, or a SEGMENT of
+    tail tile j, one of SPLIT parts); returns the program's new ``landed``."""
     chunk = tile // tiles_per_chunk
     src = (me + chunk) % world  # chunk 0 is ours: it needs no communication
     pid_m, pid_n = grouped_tile(tile % tiles_per_chunk, ROWS, N, BM, BN, GROUP_M)
@@ -120,7 +112,7 @@ def _ag_tile(
     acc = mma(rows_src, row0, ROWS, b_src, stride_bk, stride_bn, N, K, pid_m, pid_n,
               k_lo, k_hi, BM, BN, BK, EVEN_K, USE_TMA, B_TRANS)
     if SEGMENT:
-        acc, done = sk_combine(ws_ptr, cnt_ptr, acc, j, KI, SK_ITERS, BM, BN)
+        acc, done = tail_combine(ws_ptr, cnt_ptr, acc, j, TAIL, SPLIT, BM, BN)
     else:
         done = True
     if done:
@@ -136,17 +128,17 @@ def ag_gemm_kernel(
     a_src,  # [ROWS, K] this rank's shard (chunk `me` of the gathered A)
     b_src,  # [K, N] ([N, K] when B_TRANS)
     out,  # [W * ROWS, N] (store_tile)
-    ws_ptr, cnt_ptr,  # stream-K workspace (sk_combine)
+    ws_ptr, cnt_ptr,  # split-tail workspace (tail_combine)
     # Symmetric buffers
     gathered_src,  # [W * ROWS, K] this call's slot; chunk r is written by rank r
     flags_ptr,  # int32 [W]
     ctx,
-    trace_ptr,  # [TILES + 3 * programs, 6] (_common.Schedule.trace_rows)
+    trace_ptr,  # [TILES + programs, 6] (_common.Schedule.trace_rows)
     # Sizes
     ROWS, N, K,
     stride_bk, stride_bn,
     epoch,
-    DP_TILES, SK_ITERS,  # the schedule (_common.schedule)
+    DP_TILES, SPLIT,  # the schedule (_common.schedule)
     # Meta-parameters
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
     EVEN_K: tl.constexpr, USE_TMA: tl.constexpr, B_TRANS: tl.constexpr,
@@ -154,7 +146,7 @@ def ag_gemm_kernel(
 ):
     # Persistent: program p takes tiles p, p + P, p + 2P, ... of the chunk-major order,
     # so every program starts on our own chunk and reaches the peers' chunks last; the
-    # tiles past DP_TILES (the partial last wave) are shared out in K segments.
+    # tiles past DP_TILES (the partial last wave) are split along K.
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     me = cl.rank(ctx)
@@ -166,19 +158,18 @@ def ag_gemm_kernel(
     for t in tl.range(pid, DP_TILES, nprog):
         landed = _ag_tile(a_src, b_src, out, gathered_src, flags_ptr, ws_ptr, cnt_ptr,
                           trace_ptr, t, t, t, 0, KI, landed, me, world, tiles_per_chunk,
-                          ROWS, N, K, stride_bk, stride_bn, epoch, KI, SK_ITERS,
+                          ROWS, N, K, stride_bk, stride_bn, epoch, TILES - DP_TILES, SPLIT,
                           False, BM, BN, BK, GROUP_M, EVEN_K, USE_TMA, B_TRANS, OUT_TMA,
                           TRACE)
-    # the tail, in K segments: a for loop (not a while) keeps the main loop pipelined
-    it0, stop, first, n_seg = sk_range(TILES - DP_TILES, KI, SK_ITERS)
-    for s in range(0, n_seg):
-        j, k_lo, k_hi = sk_segment(first + s, it0, stop, KI)
+    # the partial last wave, split along K (a loop of 0 or 1 trips keeps the K loop as
+    # pipelined as the one above)
+    j, k_lo, k_hi, n = tail_part(TILES - DP_TILES, KI, SPLIT)
+    for _ in range(0, n):
         landed = _ag_tile(a_src, b_src, out, gathered_src, flags_ptr, ws_ptr, cnt_ptr,
-                          trace_ptr, DP_TILES + j, TILES + 3 * pid + s, j, k_lo, k_hi,
-                          landed, me, world, tiles_per_chunk,
-                          ROWS, N, K, stride_bk, stride_bn, epoch, KI, SK_ITERS,
-                          True, BM, BN, BK, GROUP_M, EVEN_K, USE_TMA, B_TRANS, OUT_TMA,
-                          TRACE)
+                          trace_ptr, DP_TILES + j, TILES + pid, j, k_lo, k_hi, landed, me,
+                          world, tiles_per_chunk, ROWS, N, K, stride_bk, stride_bn, epoch,
+                          TILES - DP_TILES, SPLIT, True, BM, BN, BK, GROUP_M, EVEN_K,
+                          USE_TMA, B_TRANS, OUT_TMA, TRACE)
 
 
 def _push_cuda(comm, a, bufs: oc.Buffers, slot: torch.Tensor, epoch: int) -> torch.cuda.Event:
@@ -212,7 +203,7 @@ def _fused(comm, a: torch.Tensor, b: torch.Tensor):
     out = torch.empty((world * rows, n), dtype=a.dtype, device=a.device)
     tiles = world * triton.cdiv(rows, cfg.BM) * triton.cdiv(n, cfg.BN)
     sched = oc.schedule(comm, cfg, tiles, k)
-    ws, cnt = oc.sk_workspace(comm, sched, cfg)
+    ws, cnt = oc.tail_workspace(comm, sched, cfg)
     tbuf = oc.trace_buffer(comm, sched.trace_rows)
     ptrace = oc.trace_buffer(comm, world - 1)
     clock = oc.Clock(comm) if tbuf is not None else None
@@ -227,7 +218,7 @@ def _fused(comm, a: torch.Tensor, b: torch.Tensor):
     dst, out_tma = oc.output(ops, cfg, out, rows)
     ag_gemm_kernel[(sched.programs,)](
         ops.a, ops.b, dst, ws, cnt, ops.extra, flags, comm.context, tbuf,
-        rows, n, k, b.stride(0), b.stride(1), epoch, sched.dp_tiles, sched.sk_iters,
+        rows, n, k, b.stride(0), b.stride(1), epoch, sched.dp_tiles, sched.split,
         BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, GROUP_M=cfg.GROUP_M, EVEN_K=k % cfg.BK == 0,
         USE_TMA=ops.tma, B_TRANS=ops.b_trans, OUT_TMA=out_tma, TRACE=tbuf is not None,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,

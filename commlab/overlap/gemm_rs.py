@@ -59,29 +59,21 @@ import commlab.language as cl
 from commlab import trace
 from commlab.collectives._common import agree, comm_or_raise
 from commlab.overlap import _common as oc
-from commlab.overlap._tiles import (
-    grouped_tile,
-    mma,
-    sk_combine,
-    sk_range,
-    sk_segment,
-    stamp,
-    store_tile,
-)
+from commlab.overlap._tiles import grouped_tile, mma, stamp, store_tile, tail_combine, tail_part
 
 
 @triton.jit
 def _rs_tile(
     a_src, b_src, out, inbox_ptr, flags_ptr, ws_ptr, cnt_ptr, trace_ptr,
     tile, row, tid, j, k_lo, k_hi, ready, me, world, dst,
-    ROWS, N, K, stride_bk, stride_bn, epoch, PIECE_TILES, KI, SK_ITERS,
+    ROWS, N, K, stride_bk, stride_bn, epoch, PIECE_TILES, TAIL, SPLIT,
     SEGMENT: tl.constexpr, OWN: tl.constexpr, MAXP: tl.constexpr, OUT_TMA: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
     EVEN_K: tl.constexpr, USE_TMA: tl.constexpr, B_TRANS: tl.constexpr,
     TRACE: tl.constexpr,
 ):
-    """Tile ``tile`` of chunk dst (K iterations [k_lo, k_hi): all of them, or a stream-K
-    SEGMENT of tail tile j); returns the program's new ``ready``. It is tile ``tid`` of
+    """Tile ``tile`` of chunk dst (K iterations [k_lo, k_hi): all of them, or a SEGMENT
+    of tail tile j, one of SPLIT parts); returns the program's new ``ready``. It is tile ``tid`` of
     the whole call in the trace (chunk-launch order)."""
     pid_m, pid_n = grouped_tile(tile, ROWS, N, BM, BN, GROUP_M)
     if TRACE:
@@ -91,7 +83,7 @@ def _rs_tile(
     acc = mma(a_src, dst * ROWS, ROWS, b_src, stride_bk, stride_bn, N, K, pid_m, pid_n,
               k_lo, k_hi, BM, BN, BK, EVEN_K, USE_TMA, B_TRANS)
     if SEGMENT:
-        acc, done = sk_combine(ws_ptr, cnt_ptr, acc, j, KI, SK_ITERS, BM, BN)
+        acc, done = tail_combine(ws_ptr, cnt_ptr, acc, j, TAIL, SPLIT, BM, BN)
     else:
         done = True
     if TRACE:
@@ -131,7 +123,7 @@ def gemm_rs_kernel(
     a_src,  # [W * ROWS, K] this rank's activations (K = this rank's share)
     b_src,  # [K, N] ([N, K] when B_TRANS)
     out,  # [ROWS, N]: stage[chunk] (a peer's chunk) or our reduced chunk (OWN); store_tile
-    ws_ptr, cnt_ptr,  # stream-K workspace (sk_combine)
+    ws_ptr, cnt_ptr,  # split-tail workspace (tail_combine)
     # Symmetric buffers
     inbox_ptr,  # [W, ROWS, N] this call's slot: inbox[r] = rank r's partial of our chunk
     flags_ptr,  # int32 [W, MAXP]: flags[r][i] = last call whose piece i rank r delivered
@@ -143,7 +135,7 @@ def gemm_rs_kernel(
     chunk_idx,  # position of this launch's chunk in our order (W - 1: our own chunk)
     epoch,
     PIECE_TILES,  # row tiles per piece of a partial chunk
-    DP_TILES, SK_ITERS, TRACE_ROWS,  # the schedule (_common.schedule)
+    DP_TILES, SPLIT, TRACE_ROWS,  # the schedule (_common.schedule)
     # Meta-parameters
     OWN: tl.constexpr,
     MAXP: tl.constexpr,
@@ -153,7 +145,7 @@ def gemm_rs_kernel(
     TRACE: tl.constexpr,
 ):
     # Persistent: program p takes tiles p, p + P, ... of one row chunk of the output; the
-    # tiles past DP_TILES (the partial last wave) are shared out in K segments.
+    # tiles past DP_TILES (the partial last wave) are split along K.
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     me = cl.rank(ctx)
@@ -166,20 +158,18 @@ def gemm_rs_kernel(
     for tile in tl.range(pid, DP_TILES, nprog):
         ready = _rs_tile(a_src, b_src, out, inbox_ptr, flags_ptr, ws_ptr, cnt_ptr, trace_ptr,
                          tile, base + tile, chunk_idx * tiles + tile, tile, 0, KI, ready,
-                         me, world, dst,
-                         ROWS, N, K, stride_bk, stride_bn, epoch, PIECE_TILES, KI, SK_ITERS,
-                         False, OWN, MAXP, OUT_TMA, BM, BN, BK, GROUP_M, EVEN_K, USE_TMA,
-                         B_TRANS, TRACE)
-    # the tail, in K segments: a for loop (not a while) keeps the main loop pipelined
-    it0, stop, first, n_seg = sk_range(tiles - DP_TILES, KI, SK_ITERS)
-    for s in range(0, n_seg):
-        j, k_lo, k_hi = sk_segment(first + s, it0, stop, KI)
+                         me, world, dst, ROWS, N, K, stride_bk, stride_bn, epoch, PIECE_TILES,
+                         tiles - DP_TILES, SPLIT, False, OWN, MAXP, OUT_TMA, BM, BN, BK,
+                         GROUP_M, EVEN_K, USE_TMA, B_TRANS, TRACE)
+    # the partial last wave, split along K (a loop of 0 or 1 trips keeps the K loop as
+    # pipelined as the one above)
+    j, k_lo, k_hi, n = tail_part(tiles - DP_TILES, KI, SPLIT)
+    for _ in range(0, n):
         ready = _rs_tile(a_src, b_src, out, inbox_ptr, flags_ptr, ws_ptr, cnt_ptr, trace_ptr,
-                         DP_TILES + j, base + tiles + 3 * pid + s, chunk_idx * tiles + DP_TILES + j,
-                         j, k_lo, k_hi, ready, me, world, dst,
-                         ROWS, N, K, stride_bk, stride_bn, epoch, PIECE_TILES, KI, SK_ITERS,
-                         True, OWN, MAXP, OUT_TMA, BM, BN, BK, GROUP_M, EVEN_K, USE_TMA,
-                         B_TRANS, TRACE)
+                         DP_TILES + j, base + tiles + pid, chunk_idx * tiles + DP_TILES + j,
+                         j, k_lo, k_hi, ready, me, world, dst, ROWS, N, K, stride_bk,
+                         stride_bn, epoch, PIECE_TILES, tiles - DP_TILES, SPLIT, True, OWN,
+                         MAXP, OUT_TMA, BM, BN, BK, GROUP_M, EVEN_K, USE_TMA, B_TRANS, TRACE)
 
 
 MAX_PIECES = 16  # flags per (source, call)
@@ -251,7 +241,7 @@ def _fused(comm, a: torch.Tensor, b: torch.Tensor):
     out = torch.empty((rows, n), dtype=a.dtype, device=a.device)
     stage = torch.empty((max(world - 1, 1), rows, n), dtype=a.dtype, device=a.device)
     sched = oc.schedule(comm, cfg, tiles, k)
-    ws, cnt = oc.sk_workspace(comm, sched, cfg)
+    ws, cnt = oc.tail_workspace(comm, sched, cfg)
     tbuf = oc.trace_buffer(comm, world * sched.trace_rows)
     clock = oc.Clock(comm) if tbuf is not None else None
     ops = oc.operands(comm, cfg, a, b)
@@ -262,7 +252,7 @@ def _fused(comm, a: torch.Tensor, b: torch.Tensor):
         gemm_rs_kernel[(sched.programs,)](
             ops.a, ops.b, target, ws, cnt, slot, bufs.flags, comm.context, tbuf,
             rows, n, k, b.stride(0), b.stride(1), c, epoch, ptiles,
-            sched.dp_tiles, sched.sk_iters, sched.trace_rows,
+            sched.dp_tiles, sched.split, sched.trace_rows,
             OWN=own, MAXP=MAX_PIECES, OUT_TMA=out_tma,
             BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, GROUP_M=cfg.GROUP_M,
             EVEN_K=k % cfg.BK == 0, USE_TMA=ops.tma, B_TRANS=ops.b_trans,
