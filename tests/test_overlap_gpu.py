@@ -12,9 +12,12 @@ import torch
 pytestmark = pytest.mark.gpu
 
 # (rows per rank, K, N): the TMA fast path (16-byte rows, tile multiples and not), and
-# the pointer path (K * 2 bytes not a multiple of 16)
+# the pointer path (K * 2 bytes not a multiple of 16). 1000x1000x3000 splits ag_gemm's
+# last wave along K, 200x1001x700 both ops' (fewer tiles than SMs). fp16 runs the first
+# two (every shape compiles kernel variants of its own: most of this test's time).
 SHAPES = [(1024, 4096, 14336), (1000, 1000, 3000), (130, 200, 300), (77, 37, 99),
           (200, 1001, 700)]
+FP16_SHAPES = SHAPES[:2]
 ULPS = {torch.bfloat16: 1e-2, torch.float16: 2e-3}
 
 
@@ -35,7 +38,7 @@ def gpu_overlap_world(comm, seed):
 
     t0 = time.monotonic()
     for dtype in (torch.bfloat16, torch.float16):
-        for rows, k, n in SHAPES:
+        for rows, k, n in SHAPES if dtype == torch.bfloat16 else FP16_SHAPES:
             if comm.rank == 0:  # progress (pytest -s shows it): compiles take most of it
                 print(f"[{time.monotonic() - t0:5.0f} s] {dtype} {rows}x{k}x{n}", flush=True)
             for transposed in (False, True):
@@ -112,6 +115,6 @@ def test_fused_overlap_matches_nccl_and_matmul_on_two_gpus():
     from commlab.testing import run_world
 
     results = run_world(gpu_overlap_world, 2, args=(secrets.randbelow(1 << 30),),
-                        backend="cuda", timeout=300)
+                        backend="cuda", timeout=420)
     failures = [f for r in results for f in r]
     assert not failures, "\n".join(failures[:10])
