@@ -21,13 +21,13 @@ Why no barrier: the gathered buffer is double-buffered by call parity. A push in
 slot e % 2 on peer p is queued after our GEMM of call e-1, which waited for p's chunk
 of call e-1, which p pushed after its GEMM of call e-2 — the last reader of that slot.
 
-When it wins (2xH200, bf16, Llama-3 MLP shapes, bench/gpu_overlap.py at 0c51d21,
-bench/results/overlap-2xh200-w2.json): M >= 2048, 3-13% faster than NCCL all-gather +
-torch.matmul, hiding 84% or more of the all-gather at M=2048 and 16384 (61-75% at M=8192:
-there its Triton GEMM alone is 1-3% slower than cuBLAS, 1254 against 1220 µs for 8B,
-and the 70B rounds varied by 4%); 0.8-12% faster than PyTorch's fused_all_gather_matmul.
-At M=512 ``algorithm="auto"`` runs commlab's all-gather then torch.matmul
-(``commlab.overlap._dispatch``).
+When it wins (2xH200, bf16, Llama-3 MLP shapes, bench/gpu_overlap.py at 86348d5,
+bench/results/overlap-2xh200-w2.json): at every measured M (512 to 16384), 5-20% faster
+than NCCL all-gather + torch.matmul and 1.5-15% faster than PyTorch's
+fused_all_gather_matmul, hiding 86% or more of the all-gather from M=2048. Its Triton
+GEMM is within 1% of cuBLAS on the 8B shapes at M >= 2048 thanks to the split tail
+(8B M=8192: 1224.9 against 1209.5 µs; whole tiles: 1253 against 1220,
+bench/results/gemm-split-tail-h200.txt).
 """
 
 from __future__ import annotations
