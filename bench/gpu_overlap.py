@@ -268,9 +268,10 @@ def traced(comm) -> list[dict]:
         fn = commlab.ag_gemm if op == "ag_gemm" else commlab.gemm_rs
         # warm-up with a trace on: the traced kernels are compiled variants of their own
         # (TRACE=True); compiled inside the recorded call, gemm_rs's second launch would
-        # start a second after its first. Two calls: each buffer slot (call parity) makes
-        # its peer views on first use (at 86348d5, with one warm-up call, the recorded
-        # gemm_rs call still waited 1.5 s before its push)
+        # start a second after its first. Two calls: Triton specializes an integer
+        # argument equal to 1, so the first call on new buffers (epoch 1) compiles a
+        # variant of its own and the second the general one (at 86348d5, with one
+        # warm-up call, the recorded gemm_rs call compiled it between its launches)
         commlab.trace.start()
         fn(a, b, algorithm="fused")
         fn(a, b, algorithm="fused")
