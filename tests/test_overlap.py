@@ -341,6 +341,8 @@ def test_only_a_partial_last_wave_is_split_and_into_equal_parts_of_k():
         assert oc.schedule(gpu, t, 132 + 10, 640).split == 2  # >= 4 K iterations a part
         few = oc.schedule(gpu, t, 32, 7168)  # fewer tiles than SMs: each in 4 parts
         assert (few.programs, few.dp_tiles, few.split) == (132, 0, 4)
+        laptop = SimpleNamespace(backend="cpu", device="cpu")  # plans for a GPU it lacks
+        assert oc.schedule(laptop, t, 3584, 4096, sms=132) == s
         oc.SPLIT_TAIL = False
         assert oc.schedule(gpu, t, 3584, 4096) == oc.Schedule(132, 3584, 3584, 0)
     finally:

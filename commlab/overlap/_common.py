@@ -179,7 +179,8 @@ class Schedule:
         return self.tiles + self.programs
 
 
-def schedule(comm: Communicator, cfg: TileConfig, tiles: int, k: int) -> Schedule:
+def schedule(comm: Communicator, cfg: TileConfig, tiles: int, k: int, *,
+             sms: int | None = None) -> Schedule:
     """Whole tiles for the full waves; the partial last wave split along K.
 
     With tiles = full * P + rem (P programs, one per SM) and 0 < rem: the rem tiles of the
@@ -187,8 +188,12 @@ def schedule(comm: Communicator, cfg: TileConfig, tiles: int, k: int) -> Schedul
     S = P // rem parts of K (at most TAIL_MAX_SPLIT, parts of at least
     TAIL_MIN_PART_ITERS iterations), so the last wave takes ~1/S of a tile's time instead
     of a whole one while P - rem SMs idle. No split when S < 2 (the wave is over half
-    full). Without a split the grid is min(P, tiles)."""
-    p = programs(comm, tiles if comm.backend == "cpu" and CPU_PROGRAMS is None else 1 << 30)
+    full). Without a split the grid is min(P, tiles). ``sms`` plans for a GPU with that
+    many SMs instead of this rank's device (notebooks/05-overlap)."""
+    if sms is not None:
+        p = sms
+    else:
+        p = programs(comm, tiles if comm.backend == "cpu" and CPU_PROGRAMS is None else 1 << 30)
     rem = tiles % p
     k_iters = -(-k // cfg.BK)
     split = min(p // rem, TAIL_MAX_SPLIT, k_iters // TAIL_MIN_PART_ITERS) if rem else 0
