@@ -1,10 +1,13 @@
 """Print the README's results table from a records file (so the table is never typed).
 
     python bench/readme_table.py bench/results/2xh200-w2.json [--sizes 8,64KiB,1MiB,256MiB,1GiB]
+    python bench/readme_table.py --overlap bench/results/overlap-2xh200-w2.json
 
 One row per (op, size, mode), bf16: commlab's ``auto`` (with the fastest single commlab
 algorithm at that point in parentheses; the fastest one's time when there is no auto
 record), NCCL, the best PyTorch symmetric-memory op, and busbw. Sizes are total bytes as recorded.
+With --overlap: one row per (op, model, M) of bench/gpu_overlap.py's records, every impl
+and the hidden share, (NCCL + matmul - fused) / comm alone.
 """
 
 from __future__ import annotations
@@ -22,12 +25,34 @@ def fmt(t: float | None) -> str:
     return "—" if t is None else (f"{t:.1f}" if t < 10000 else f"{t:.0f}")
 
 
+OVERLAP_IMPLS = ("sequential", "commlab:sequential", "commlab:fused", "commlab:auto",
+                 "torch_symm_mem:fused", "comm_only", "gemm_only", "triton_gemm_only")
+
+
+def overlap_table(path: str) -> None:
+    t = {(r["op"], r["model"], r["m"], r["impl"]): r["time_us"] for r in json.load(open(path))
+         if "tile" not in r}
+    print("| op | Llama-3 | M | NCCL + matmul | commlab collective + matmul | commlab fused "
+          "| commlab auto | torch fused | comm alone | cuBLAS alone | Triton GEMM alone "
+          "| hidden |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for op, model, m in sorted({k[:3] for k in t}, key=lambda k: (k[0], int(k[1][7:-1]), k[2])):
+        v = [t.get((op, model, m, i)) for i in OVERLAP_IMPLS]
+        hidden = (v[0] - v[2]) / v[5]
+        print(f"| {op} | {model.removeprefix('llama3-')} | {m} | "
+              + " | ".join(fmt(x) for x in v) + f" | {hidden:.1%} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("records")
     ap.add_argument("--sizes", default="8,64KiB,1MiB,256MiB,1GiB")
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--overlap", action="store_true",
+                    help="the records are bench/gpu_overlap.py's (ag_gemm / gemm_rs)")
     args = ap.parse_args()
+    if args.overlap:
+        return overlap_table(args.records)
     recs = [r for r in json.load(open(args.records)) if r["dtype"] == args.dtype]
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     print("| op | size | mode | commlab auto µs (fastest algorithm) | NCCL µs | torch symm-mem µs "
