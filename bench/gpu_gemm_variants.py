@@ -185,13 +185,11 @@ def main() -> None:
     p.add_argument("--what", choices=("tail", "forms"), default="tail")
     args = p.parse_args()
     dev = torch.device("cuda", 0)
-    if args.what == "tail":
-        triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8,
-                                                                     device=dev))
-        return split_tail(args.out, dev)
-    sms = torch.cuda.get_device_properties(dev).multi_processor_count
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8,
                                                                  device=dev))
+    if args.what == "tail":
+        return split_tail(args.out, dev)
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
     records = []
     for name, m, k, n in SHAPES:
         g = torch.Generator(device=dev).manual_seed(3)
