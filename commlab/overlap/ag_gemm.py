@@ -22,12 +22,12 @@ slot e % 2 on peer p is queued after our GEMM of call e-1, which waited for p's 
 of call e-1, which p pushed after its GEMM of call e-2 — the last reader of that slot.
 
 When it wins (2xH200, bf16, Llama-3 MLP shapes, bench/gpu_overlap.py at 86348d5,
-bench/results/overlap-2xh200-w2.json): at every measured M (512 to 16384), 5-20% faster
-than NCCL all-gather + torch.matmul and 1.5-15% faster than PyTorch's
+bench/results/overlap-2xh200-w2.json): at every measured M (512 to 16384), 4.9-20%
+faster than NCCL all-gather + torch.matmul and 1.5-15% faster than PyTorch's
 fused_all_gather_matmul, hiding 86% or more of the all-gather from M=2048. Its Triton
-GEMM is within 1% of cuBLAS on the 8B shapes at M >= 2048 thanks to the split tail
-(8B M=8192: 1224.9 against 1209.5 µs; whole tiles: 1253 against 1220,
-bench/results/gemm-split-tail-h200.txt).
+GEMM is within 1.3% of cuBLAS on the 8B shapes at M >= 2048 with the last wave split
+along K (8B M=8192 in that run: 1224.9 against 1209.5 µs; on one H200, whole tiles
+1253.3 and split 1229.6 against 1219.6, bench/results/gemm-split-tail-h200.txt).
 """
 
 from __future__ import annotations
@@ -161,8 +161,8 @@ def ag_gemm_kernel(
                           ROWS, N, K, stride_bk, stride_bn, epoch, TILES - DP_TILES, SPLIT,
                           False, BM, BN, BK, GROUP_M, EVEN_K, USE_TMA, B_TRANS, OUT_TMA,
                           TRACE)
-    # the partial last wave, split along K (a loop of 0 or 1 trips keeps the K loop as
-    # pipelined as the one above)
+    # the partial last wave, split along K (a loop of 0 or 1 trips, the same structure
+    # as the loop above)
     j, k_lo, k_hi, n = tail_part(TILES - DP_TILES, KI, SPLIT)
     for _ in range(0, n):
         landed = _ag_tile(a_src, b_src, out, gathered_src, flags_ptr, ws_ptr, cnt_ptr,

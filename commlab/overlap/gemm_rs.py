@@ -161,8 +161,8 @@ def gemm_rs_kernel(
                          me, world, dst, ROWS, N, K, stride_bk, stride_bn, epoch, PIECE_TILES,
                          tiles - DP_TILES, SPLIT, False, OWN, MAXP, OUT_TMA, BM, BN, BK,
                          GROUP_M, EVEN_K, USE_TMA, B_TRANS, TRACE)
-    # the partial last wave, split along K (a loop of 0 or 1 trips keeps the K loop as
-    # pipelined as the one above)
+    # the partial last wave, split along K (a loop of 0 or 1 trips, the same structure
+    # as the loop above)
     j, k_lo, k_hi, n = tail_part(tiles - DP_TILES, KI, SPLIT)
     for _ in range(0, n):
         ready = _rs_tile(a_src, b_src, out, inbox_ptr, flags_ptr, ws_ptr, cnt_ptr, trace_ptr,
