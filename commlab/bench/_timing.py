@@ -27,10 +27,15 @@ def _align(comm) -> None:
     dist.barrier(group=comm.cpu_group)
 
 
-def _slowest(comm, median_us: float) -> float:
-    t = torch.tensor([median_us], dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=comm.cpu_group)
+def _max_over(group, us: float) -> float:
+    """The largest of every rank's ``us`` over ``group`` (gloo)."""
+    t = torch.tensor([us], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
     return float(t.item())
+
+
+def _slowest(comm, median_us: float) -> float:
+    return _max_over(comm.cpu_group, median_us)
 
 
 def time_host(comm, call, *, reps: int, warmup: int = 1) -> float:
@@ -78,11 +83,7 @@ def time_back_to_back(fn, iters: int, *, warmup: int = 2, group=None) -> float:
     end.record()
     torch.cuda.synchronize()
     us = start.elapsed_time(end) * 1e3 / iters
-    if group is None:
-        return us
-    t = torch.tensor([us], dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-    return float(t.item())
+    return us if group is None else _max_over(group, us)
 
 
 QUEUE_SLEEP_CYCLES = 80_000_000  # ~40 ms of device sleep on H200
@@ -112,11 +113,7 @@ def time_per_call(fn, iters: int, *, warmup: int = 5, queued: bool = True,
         e.record()
     torch.cuda.synchronize()
     med = statistics.median(s.elapsed_time(e) * 1e3 for s, e in ev)
-    if group is None:
-        return med
-    t = torch.tensor([med], dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-    return float(t.item())
+    return med if group is None else _max_over(group, med)
 
 
 def graph_calls(out_bytes: int) -> int:

@@ -144,15 +144,15 @@ def operands(comm: Communicator, cfg: TileConfig, a: torch.Tensor, b: torch.Tens
 CPU_PROGRAMS: int | None = None  # CPU: None = one program per tile; n = n "SMs"
 
 
-def programs(comm: Communicator, tiles: int) -> int:
-    """Persistent grid: one program per SM at most on GPU (all resident at once, so a
-    program that waits never holds back one that has not started); on CPU one per tile,
-    or ``CPU_PROGRAMS`` to run the kernels as a GPU with that many SMs would."""
+def _sm_count(comm: Communicator, tiles: int) -> int:
+    """Programs a persistent launch may use, all resident at once (so a program that
+    waits never holds back one that has not started): one per SM on GPU; on CPU one per
+    tile, or ``CPU_PROGRAMS`` to run the kernels as a GPU with that many SMs would."""
     if comm.backend == "cpu":
-        return tiles if CPU_PROGRAMS is None else max(1, min(tiles, CPU_PROGRAMS))
+        return max(1, CPU_PROGRAMS or tiles)
     if comm.device not in _SMS:
         _SMS[comm.device] = torch.cuda.get_device_properties(comm.device).multi_processor_count
-    return max(1, min(tiles, _SMS[comm.device]))
+    return _SMS[comm.device]
 
 
 # --- the split tail ------------------------------------------------------------------
@@ -188,17 +188,14 @@ def schedule(comm: Communicator, cfg: TileConfig, tiles: int, k: int, *,
     S = P // rem parts of K (at most TAIL_MAX_SPLIT, parts of at least
     TAIL_MIN_PART_ITERS iterations), so the last wave takes ~1/S of a tile's time instead
     of a whole one while P - rem SMs idle. No split when S < 2 (the wave is over half
-    full). Without a split the grid is min(P, tiles). ``sms`` plans for a GPU with that
-    many SMs instead of this rank's device (notebooks/05-overlap)."""
-    if sms is not None:
-        p = sms
-    else:
-        p = programs(comm, tiles if comm.backend == "cpu" and CPU_PROGRAMS is None else 1 << 30)
+    full). Without a split the grid is min(P, tiles), at least 1. ``sms`` plans for a
+    GPU with that many SMs instead of this rank's device (notebooks/05-overlap)."""
+    p = sms if sms is not None else _sm_count(comm, tiles)
     rem = tiles % p
     k_iters = -(-k // cfg.BK)
     split = min(p // rem, TAIL_MAX_SPLIT, k_iters // TAIL_MIN_PART_ITERS) if rem else 0
     if not SPLIT_TAIL or split < 2:
-        return Schedule(min(p, tiles), tiles, tiles, 0)
+        return Schedule(max(1, min(p, tiles)), tiles, tiles, 0)
     return Schedule(p, tiles, tiles - rem, split)
 
 
