@@ -28,7 +28,8 @@ from commlab.overlap.gemm_rs import MAX_PIECES, gemm_rs_kernel  # noqa: E402
 
 T = oc.GPU_TILE
 DESC = {"a": f"tensordesc<bf16[{T.BM},{T.BK}]>", "b": f"tensordesc<bf16[{T.BK},{T.BN}]>",
-        "out": f"tensordesc<bf16[{T.BM},{T.BN}]>"}
+        "out": f"tensordesc<bf16[{T.BM},{T.BN}]>",
+        "inbox": f"tensordesc<bf16[1,{T.BM},{T.BN}]>"}
 COMMON = dict(BM=T.BM, BN=T.BN, BK=T.BK, GROUP_M=T.GROUP_M, EVEN_K=True, USE_TMA=True,
               B_TRANS=False, OUT_TMA=True)
 
@@ -47,10 +48,14 @@ KERNELS = {
                 {"a_src": DESC["a"], "b_src": DESC["b"], "out": DESC["out"],
                  "gathered_src": DESC["a"], "ws_ptr": "*fp32", "cnt_ptr": "*i32",
                  "flags_ptr": "*i32", "ctx": "*i64", "trace_ptr": "*i64"}),
-    "gemm_rs (own chunk)": (gemm_rs_kernel, dict(COMMON, TRACE=False, OWN=True, MAXP=MAX_PIECES),
-                            {"a_src": DESC["a"], "b_src": DESC["b"], "out": DESC["out"],
-                             "inbox_ptr": "*bf16", "ws_ptr": "*fp32", "cnt_ptr": "*i32",
-                             "flags_ptr": "*i32", "ctx": "*i64", "trace_ptr": "*i64"}),
+    **{f"gemm_rs (own{label})": (
+        gemm_rs_kernel, dict(COMMON, TRACE=False, OWN=True, MAXP=MAX_PIECES, IN_TMA=in_tma,
+                             EARLY=early),
+        {"a_src": DESC["a"], "b_src": DESC["b"], "out": DESC["out"],
+         "inbox": DESC["inbox"] if in_tma else "*bf16", "ws_ptr": "*fp32", "cnt_ptr": "*i32",
+         "flags_ptr": "*i32", "ctx": "*i64", "trace_ptr": "*i64"})
+       for label, in_tma, early in (("", False, False), (", tma", True, False),
+                                    (", early", False, True), (", early tma", True, True))},
 }
 
 
@@ -75,7 +80,7 @@ def main() -> int:
         local = int(re.search(r"LOCAL:(\d+)", usage).group(1))
         bad += local > 0
         asyncs = k.asm["ttgir"].count("isAsync = true")
-        print(f"{name:22s} regs {regs:3d}  spill (local) {local:5d} B  "
+        print(f"{name:26s} regs {regs:3d}  spill (local) {local:5d} B  "
               f"shared {k.metadata.shared:6d} B  async dots {asyncs}")
     return 1 if bad else 0
 

@@ -100,11 +100,11 @@ _DESCRIPTORS: dict = {}  # host-side TMA descriptors by (address, shape, strides
 _SMS: dict = {}
 
 
-def _tma_ok(t: torch.Tensor) -> bool:
+def tma_ok(t: torch.Tensor) -> bool:
     return t.data_ptr() % 16 == 0 and (t.shape[-1] * t.element_size()) % 16 == 0
 
 
-def _desc(t: torch.Tensor, block):
+def descriptor(t: torch.Tensor, block):
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     key = (t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype, tuple(block))
@@ -123,8 +123,8 @@ def output(ops: Operands, cfg: TileConfig, out: torch.Tensor, rows: int):
     that are a multiple of BM. Measured on one H200 (bench/gpu_gemm_variants.py,
     bench/results/gemm-variants-h200.json): 1.3% faster than a pointer store for the
     8B all-gather GEMM, 0.9% for the reduce-scatter one."""
-    if ops.tma and _tma_ok(out) and (out.shape[0] == rows or rows % cfg.BM == 0):
-        return _desc(out, [cfg.BM, cfg.BN]), True
+    if ops.tma and tma_ok(out) and (out.shape[0] == rows or rows % cfg.BM == 0):
+        return descriptor(out, [cfg.BM, cfg.BN]), True
     return out, False
 
 
@@ -132,13 +132,13 @@ def operands(comm: Communicator, cfg: TileConfig, a: torch.Tensor, b: torch.Tens
              extra: torch.Tensor | None = None) -> Operands:
     b_trans = not b.is_contiguous() and b.t().is_contiguous()
     bb = b.t() if b_trans else b
-    use_tma = (comm.backend == "cuda" and bb.is_contiguous() and _tma_ok(a) and _tma_ok(bb)
-               and (extra is None or _tma_ok(extra)))
+    use_tma = (comm.backend == "cuda" and bb.is_contiguous() and tma_ok(a) and tma_ok(bb)
+               and (extra is None or tma_ok(extra)))
     if not use_tma:
         return Operands(a, b, extra, False, False)
     b_block = [cfg.BN, cfg.BK] if b_trans else [cfg.BK, cfg.BN]
-    return Operands(_desc(a, [cfg.BM, cfg.BK]), _desc(bb, b_block),
-                    None if extra is None else _desc(extra, [cfg.BM, cfg.BK]), True, b_trans)
+    return Operands(descriptor(a, [cfg.BM, cfg.BK]), descriptor(bb, b_block),
+                    None if extra is None else descriptor(extra, [cfg.BM, cfg.BK]), True, b_trans)
 
 
 CPU_PROGRAMS: int | None = None  # CPU: None = one program per tile; n = n "SMs"

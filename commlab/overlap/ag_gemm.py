@@ -109,8 +109,8 @@ def _ag_tile(
     else:
         rows_src = gathered_src
         row0 = src * ROWS
-    acc = mma(rows_src, row0, ROWS, b_src, stride_bk, stride_bn, N, K, pid_m, pid_n,
-              k_lo, k_hi, BM, BN, BK, EVEN_K, USE_TMA, B_TRANS)
+    acc = mma(tl.zeros((BM, BN), dtype=tl.float32), rows_src, row0, ROWS, b_src, stride_bk,
+              stride_bn, N, K, pid_m, pid_n, k_lo, k_hi, BM, BN, BK, EVEN_K, USE_TMA, B_TRANS)
     if SEGMENT:
         acc, done = tail_combine(ws_ptr, cnt_ptr, acc, j, TAIL, SPLIT, BM, BN)
     else:
@@ -122,7 +122,7 @@ def _ag_tile(
     return landed
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["epoch"])  # a new value every call: one variant
 def ag_gemm_kernel(
     # Local buffers (tensor descriptors when USE_TMA, else pointers)
     a_src,  # [ROWS, K] this rank's shard (chunk `me` of the gathered A)

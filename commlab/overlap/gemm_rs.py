@@ -63,24 +63,69 @@ from commlab.overlap._tiles import grouped_tile, mma, stamp, store_tile, tail_co
 
 
 @triton.jit
+def _add_partials(acc, inbox, me, world, pid_m, pid_n, ROWS, N, BM: tl.constexpr,
+                  BN: tl.constexpr, IN_TMA: tl.constexpr):
+    """acc + every peer's partial of tile (pid_m, pid_n) of our chunk, read from our
+    inbox ([W, ROWS, N]: a TMA descriptor with [1, BM, BN] blocks when IN_TMA, else a
+    pointer); the caller has seen their flags."""
+    if IN_TMA:
+        for i in range(1, world):
+            src = (me + i) % world
+            part = inbox.load([src, pid_m * BM, pid_n * BN]).reshape(BM, BN)
+            acc += part.to(tl.float32)
+    else:
+        offs_m = pid_m * BM + tl.arange(0, BM)
+        offs_n = pid_n * BN + tl.arange(0, BN)
+        mask = (offs_m[:, None] < ROWS) & (offs_n[None, :] < N)
+        tile_off = offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
+        for i in range(1, world):
+            src = (me + i) % world
+            part = tl.load(inbox + src.to(tl.int64) * ROWS * N + tile_off, mask=mask,
+                           other=0.0)
+            acc += part.to(tl.float32)
+    return acc
+
+
+@triton.jit
 def _rs_tile(
-    a_src, b_src, out, inbox_ptr, flags_ptr, ws_ptr, cnt_ptr, trace_ptr,
+    a_src, b_src, out, inbox, flags_ptr, ws_ptr, cnt_ptr, trace_ptr,
     tile, row, tid, j, k_lo, k_hi, ready, me, world, dst,
     ROWS, N, K, stride_bk, stride_bn, epoch, PIECE_TILES, TAIL, SPLIT,
     SEGMENT: tl.constexpr, OWN: tl.constexpr, MAXP: tl.constexpr, OUT_TMA: tl.constexpr,
+    IN_TMA: tl.constexpr, EARLY: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
     EVEN_K: tl.constexpr, USE_TMA: tl.constexpr, B_TRANS: tl.constexpr,
     TRACE: tl.constexpr,
 ):
     """Tile ``tile`` of chunk dst (K iterations [k_lo, k_hi): all of them, or a SEGMENT
-    of tail tile j, one of SPLIT parts); returns the program's new ``ready``. It is tile ``tid`` of
-    the whole call in the trace (chunk-launch order)."""
+    of tail tile j, one of SPLIT parts); returns the program's new ``ready``. It is tile
+    ``tid`` of the whole call in the trace (chunk-launch order).
+
+    OWN tiles add the peers' partials: after the main loop, waiting for them if need be;
+    or (EARLY, whole tiles) before it, as the accumulator's start, when they have already
+    landed (a look at the flags, no wait), so their load overlaps the main loop's first
+    TMA copies instead of delaying the store."""
     pid_m, pid_n = grouped_tile(tile, ROWS, N, BM, BN, GROUP_M)
+    piece = pid_m // PIECE_TILES  # (a peer's pieces land in order: piece p's flag
+    #                                covers every piece <= p)
     if TRACE:
         stamp(trace_ptr, row, 0, tid)
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    early = OWN and EARLY and not SEGMENT  # (constexpr)
+    if early:
+        if piece > ready:  # a look at the flags
+            landed = True
+            for i in range(1, world):
+                flag = flags_ptr + ((me + i) % world) * MAXP + piece
+                landed = landed & (tl.atomic_add(flag, 0, sem="acquire", scope="sys") >= epoch)
+            if landed:
+                ready = piece
+        if piece <= ready:  # landed: the partials are the accumulator's start
+            tl.debug_barrier()  # no thread loads before the acquire
+            acc = _add_partials(acc, inbox, me, world, pid_m, pid_n, ROWS, N, BM, BN, IN_TMA)
 
     # --- compute: our partial of tile (pid_m, pid_n) of chunk dst ---------------------
-    acc = mma(a_src, dst * ROWS, ROWS, b_src, stride_bk, stride_bn, N, K, pid_m, pid_n,
+    acc = mma(acc, a_src, dst * ROWS, ROWS, b_src, stride_bk, stride_bn, N, K, pid_m, pid_n,
               k_lo, k_hi, BM, BN, BK, EVEN_K, USE_TMA, B_TRANS)
     if SEGMENT:
         acc, done = tail_combine(ws_ptr, cnt_ptr, acc, j, TAIL, SPLIT, BM, BN)
@@ -91,23 +136,27 @@ def _rs_tile(
     if done:
         if OWN:
             # --- wait + reduce: add every peer's partial of this tile -------------------
-            # (a peer's pieces land in order, so piece p's flag covers every piece <= p)
-            piece = pid_m // PIECE_TILES
-            if piece > ready:
-                for i in range(1, world):
-                    cl.wait(flags_ptr + ((me + i) % world) * MAXP + piece, epoch)
-                ready = piece
-            if TRACE:
-                stamp(trace_ptr, row, 2, tid)
-            offs_m = pid_m * BM + tl.arange(0, BM)
-            offs_n = pid_n * BN + tl.arange(0, BN)
-            mask = (offs_m[:, None] < ROWS) & (offs_n[None, :] < N)
-            tile_off = offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
-            for i in range(1, world):
-                src = (me + i) % world
-                part = tl.load(inbox_ptr + src.to(tl.int64) * ROWS * N + tile_off, mask=mask,
-                               other=0.0)
-                acc += part.to(tl.float32)
+            # (unless it was added before the main loop: early and piece <= ready)
+            if early:
+                if piece > ready:
+                    for i in range(1, world):
+                        cl.wait(flags_ptr + ((me + i) % world) * MAXP + piece, epoch)
+                    ready = piece
+                    if TRACE:
+                        stamp(trace_ptr, row, 2, tid)
+                    acc = _add_partials(acc, inbox, me, world, pid_m, pid_n, ROWS, N, BM, BN,
+                                        IN_TMA)
+                elif TRACE:
+                    stamp(trace_ptr, row, 2, tid)
+            else:
+                if piece > ready:
+                    for i in range(1, world):
+                        cl.wait(flags_ptr + ((me + i) % world) * MAXP + piece, epoch)
+                    ready = piece
+                if TRACE:
+                    stamp(trace_ptr, row, 2, tid)
+                acc = _add_partials(acc, inbox, me, world, pid_m, pid_n, ROWS, N, BM, BN,
+                                    IN_TMA)
             store_tile(out, pid_m * 0, ROWS, N, pid_m, pid_n, acc, BM, BN, OUT_TMA)
             if TRACE:
                 stamp(trace_ptr, row, 3, tid)
@@ -117,7 +166,7 @@ def _rs_tile(
     return ready
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["epoch"])  # a new value every call: one variant
 def gemm_rs_kernel(
     # Local buffers (tensor descriptors when USE_TMA, else pointers)
     a_src,  # [W * ROWS, K] this rank's activations (K = this rank's share)
@@ -125,7 +174,8 @@ def gemm_rs_kernel(
     out,  # [ROWS, N]: stage[chunk] (a peer's chunk) or our reduced chunk (OWN); store_tile
     ws_ptr, cnt_ptr,  # split-tail workspace (tail_combine)
     # Symmetric buffers
-    inbox_ptr,  # [W, ROWS, N] this call's slot: inbox[r] = rank r's partial of our chunk
+    inbox,  # [W, ROWS, N] this call's slot: inbox[r] = rank r's partial of our chunk
+    #         (a TMA descriptor when IN_TMA)
     flags_ptr,  # int32 [W, MAXP]: flags[r][i] = last call whose piece i rank r delivered
     ctx,
     trace_ptr,  # [W * TRACE_ROWS, 6]; this launch's rows start at chunk_idx * TRACE_ROWS
@@ -140,6 +190,7 @@ def gemm_rs_kernel(
     OWN: tl.constexpr,
     MAXP: tl.constexpr,
     OUT_TMA: tl.constexpr,
+    IN_TMA: tl.constexpr, EARLY: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
     EVEN_K: tl.constexpr, USE_TMA: tl.constexpr, B_TRANS: tl.constexpr,
     TRACE: tl.constexpr,
@@ -156,23 +207,29 @@ def gemm_rs_kernel(
     base = chunk_idx * TRACE_ROWS  # this launch's trace rows
     ready = pid * 0 - 1  # OWN: pieces 0..ready of every peer's partial have landed
     for tile in tl.range(pid, DP_TILES, nprog):
-        ready = _rs_tile(a_src, b_src, out, inbox_ptr, flags_ptr, ws_ptr, cnt_ptr, trace_ptr,
+        ready = _rs_tile(a_src, b_src, out, inbox, flags_ptr, ws_ptr, cnt_ptr, trace_ptr,
                          tile, base + tile, chunk_idx * tiles + tile, tile, 0, KI, ready,
                          me, world, dst, ROWS, N, K, stride_bk, stride_bn, epoch, PIECE_TILES,
-                         tiles - DP_TILES, SPLIT, False, OWN, MAXP, OUT_TMA, BM, BN, BK,
-                         GROUP_M, EVEN_K, USE_TMA, B_TRANS, TRACE)
+                         tiles - DP_TILES, SPLIT, False, OWN, MAXP, OUT_TMA, IN_TMA, EARLY,
+                         BM, BN, BK, GROUP_M, EVEN_K, USE_TMA, B_TRANS, TRACE)
     # the partial last wave, split along K (a loop of 0 or 1 trips, the same structure
     # as the loop above)
     j, k_lo, k_hi, n = tail_part(tiles - DP_TILES, KI, SPLIT)
     for _ in range(0, n):
-        ready = _rs_tile(a_src, b_src, out, inbox_ptr, flags_ptr, ws_ptr, cnt_ptr, trace_ptr,
+        ready = _rs_tile(a_src, b_src, out, inbox, flags_ptr, ws_ptr, cnt_ptr, trace_ptr,
                          DP_TILES + j, base + tiles + pid, chunk_idx * tiles + DP_TILES + j,
                          j, k_lo, k_hi, ready, me, world, dst, ROWS, N, K, stride_bk,
                          stride_bn, epoch, PIECE_TILES, tiles - DP_TILES, SPLIT, True, OWN,
-                         MAXP, OUT_TMA, BM, BN, BK, GROUP_M, EVEN_K, USE_TMA, B_TRANS, TRACE)
+                         MAXP, OUT_TMA, IN_TMA, EARLY, BM, BN, BK, GROUP_M, EVEN_K, USE_TMA,
+                         B_TRANS, TRACE)
 
 
 MAX_PIECES = 16  # flags per (source, call)
+# How own tiles read the peers' partials (GPU; bench/gpu_gemm_variants.py --what rs
+# compares them): through a TMA descriptor or plain loads; and whether a tile whose
+# partials have already landed starts its accumulator from them (EARLY).
+PARTIALS_TMA = False
+EARLY = False
 PIECE_BYTES = 4 << 20  # at least this much per copy (each copy and flag write costs ~µs)
 
 
@@ -227,9 +284,13 @@ class _Producer:
             self.main.wait_stream(self.side)
 
 
-def _fused(comm, a: torch.Tensor, b: torch.Tensor):
+def _fused(comm, a: torch.Tensor, b: torch.Tensor, *, send: bool = True):
     """Launch the fused kernels; returns (out, decode), decode() adding the tile spans
-    when a trace records (a host sync on GPU, so the caller runs it after its span)."""
+    when a trace records (a host sync on GPU, so the caller runs it after its span).
+
+    send=False (measurement only: the result lacks the peers' partials) launches the
+    same kernels with no pushes and waits that pass at once (epoch 0): what the
+    launches cost without the communication."""
     world, me = comm.world_size, comm.rank
     rows, n, k = a.shape[0] // world, b.shape[1], a.shape[1]
     cfg = oc.tile_config(comm)
@@ -237,6 +298,8 @@ def _fused(comm, a: torch.Tensor, b: torch.Tensor):
     bufs = oc.buffers(comm, "gemm_rs", rows, n, a.dtype, MAX_PIECES)
     epoch = bufs.next_epoch()
     slot = bufs.data[epoch % 2]  # [W, rows, N]: our inbox for this call
+    if not send:
+        epoch = 0
     ptiles = piece_tiles(comm, rows, n, a.element_size(), cfg.BM)
     out = torch.empty((rows, n), dtype=a.dtype, device=a.device)
     stage = torch.empty((max(world - 1, 1), rows, n), dtype=a.dtype, device=a.device)
@@ -245,20 +308,22 @@ def _fused(comm, a: torch.Tensor, b: torch.Tensor):
     tbuf = oc.trace_buffer(comm, world * sched.trace_rows)
     clock = oc.Clock(comm) if tbuf is not None else None
     ops = oc.operands(comm, cfg, a, b)
+    in_tma = ops.tma and PARTIALS_TMA and oc.tma_ok(slot)
+    inbox = oc.descriptor(slot, [1, cfg.BM, cfg.BN]) if in_tma else slot
     producer = _Producer(comm, bufs, slot, epoch, ptiles * cfg.BM)
     for c in range(world):
         own = c == world - 1
         target, out_tma = oc.output(ops, cfg, out if own else stage[c], rows)
         gemm_rs_kernel[(sched.programs,)](
-            ops.a, ops.b, target, ws, cnt, slot, bufs.flags, comm.context, tbuf,
+            ops.a, ops.b, target, ws, cnt, inbox, bufs.flags, comm.context, tbuf,
             rows, n, k, b.stride(0), b.stride(1), c, epoch, ptiles,
             sched.dp_tiles, sched.split, sched.trace_rows,
-            OWN=own, MAXP=MAX_PIECES, OUT_TMA=out_tma,
+            OWN=own, MAXP=MAX_PIECES, OUT_TMA=out_tma, IN_TMA=in_tma, EARLY=EARLY,
             BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, GROUP_M=cfg.GROUP_M,
             EVEN_K=k % cfg.BK == 0, USE_TMA=ops.tma, B_TRANS=ops.b_trans,
             TRACE=tbuf is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
-        if not own:
+        if not own and send:
             producer.send((me + 1 + c) % world, stage[c])
     producer.join()
 
