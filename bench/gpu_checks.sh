@@ -5,6 +5,7 @@
 #
 # 0. bench/compile_check.py (registers/spills), bench/gpu_gemm_variants.py (split tail
 #    off/on vs cuBLAS on the overlap benchmark's local GEMMs)
+#    bench/gpu_rs_variants.py (gemm_rs: where its time goes, the epilogue's forms)
 # 1. bench/gpu_smoke.py under torchrun: every op x algorithm x dtype x size vs NCCL,
 #    the device language compiled, heap lifetime, back-to-back calls
 # 2. pytest -m gpu (bench, topology, linkbench, overlap)
@@ -33,6 +34,9 @@ $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton
 step compile "kernels compiled for sm_90: registers, spills" 120 $PY bench/compile_check.py "$OUTDIR/ir"
 step gemm_tail "Triton GEMM, split tail off/on vs cuBLAS (one GPU)" 200 \
   $PY bench/gpu_gemm_variants.py --out "$OUTDIR"
+step rs_forms "gemm_rs: the own tiles' epilogue forms, timed and traced" 400 \
+  $PY -m torch.distributed.run --standalone --nproc-per-node 2 bench/gpu_rs_variants.py \
+  --out "$OUTDIR"
 step smoke "smoke" 170 $PY -m torch.distributed.run --standalone --nproc-per-node 2 bench/gpu_smoke.py
 step tests "gpu tests" 450 $PY -m pytest -m gpu -q -p no:cacheprovider -rs tests
 step overlap "overlap check + benchmark" 280 $PY -m torch.distributed.run --standalone \
