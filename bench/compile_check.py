@@ -49,13 +49,11 @@ KERNELS = {
                  "gathered_src": DESC["a"], "ws_ptr": "*fp32", "cnt_ptr": "*i32",
                  "flags_ptr": "*i32", "ctx": "*i64", "trace_ptr": "*i64"}),
     **{f"gemm_rs (own{label})": (
-        gemm_rs_kernel, dict(COMMON, TRACE=False, OWN=True, MAXP=MAX_PIECES, IN_TMA=in_tma,
-                             EARLY=early),
+        gemm_rs_kernel, dict(COMMON, TRACE=False, OWN=True, MAXP=MAX_PIECES, IN_TMA=in_tma),
         {"a_src": DESC["a"], "b_src": DESC["b"], "out": DESC["out"],
          "inbox": DESC["inbox"] if in_tma else "*bf16", "ws_ptr": "*fp32", "cnt_ptr": "*i32",
          "flags_ptr": "*i32", "ctx": "*i64", "trace_ptr": "*i64"})
-       for label, in_tma, early in (("", False, False), (", tma", True, False),
-                                    (", early", False, True), (", early tma", True, True))},
+       for label, in_tma in ((", tma partials", True), (", loaded partials", False))},
 }
 
 

@@ -12,9 +12,15 @@ median of queued back-to-back calls, the slowest rank's):
     triton_gemm_only  the fused kernels' GEMM alone, one launch over all M rows
     no_send           the fused launches with no pushes and no waits (epoch 0): what
                       the launches cost without the communication (a wrong result)
-    fused:<form>      commlab.gemm_rs, the own tiles reading the peers' partials
-                      load / tma:    plain loads / a TMA descriptor, after the main loop
-                      early, early+tma: the partials, when landed, start the accumulator
+    fused:<form>      commlab.gemm_rs, the own tiles reading the peers' partials with
+                      plain loads ("load") or TMA ("tma", the default); "tma/16MiB":
+                      the partial chunks sent in pieces of >= 16 MiB instead of 4
+
+(At a5d4a41 a form "early", the partials starting the accumulator before the main loop
+when already landed, ran 10-12% slower: bench/results/history/rs-epilogue-forms-2xh200.json.)
+While each impl runs, a thread samples this GPU's SM clock and power through NVML: a
+GPU at its power limit lowers its clock, and long GEMMs (70B) vary by several percent
+from round to round.
 
 Every fused form is checked against torch.matmul + NCCL first. Then one traced call per
 form at the first shape: the own tiles' mean wait and reduce time, and the idle gap
@@ -24,10 +30,12 @@ between the last peer-chunk tile and the first own tile. Writes DIR/rs-variants.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import statistics
 import sys
+import time
 from pathlib import Path
 
 os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
@@ -40,13 +48,13 @@ import torch.distributed as dist  # noqa: E402
 import commlab  # noqa: E402
 from commlab.bench._records import device_name, git_commit  # noqa: E402
 from commlab.bench._timing import time_per_call  # noqa: E402
-from commlab.overlap import gemm_rs as rs  # noqa: E402
+
+rs = importlib.import_module("commlab.overlap.gemm_rs")  # (the package exports the function)
 
 # (model, M, K, N) of the local GEMM, W=2 (bench/gpu_overlap.py SHAPES)
-SHAPES = [("8B", 8192, 7168, 4096), ("70B", 8192, 14336, 8192), ("8B", 2048, 7168, 4096),
-          ("8B", 16384, 7168, 4096)]
-FORMS = {"load": (False, False), "tma": (True, False), "early": (False, True),
-         "early+tma": (True, True)}
+SHAPES = [("8B", 8192, 7168, 4096), ("70B", 8192, 14336, 8192), ("8B", 16384, 7168, 4096),
+          ("70B", 2048, 14336, 8192)]
+FORMS = {"load": (False, 4 << 20), "tma": (True, 4 << 20), "tma/16MiB": (True, 16 << 20)}
 
 
 def log(comm, *a):
@@ -55,7 +63,49 @@ def log(comm, *a):
 
 
 def form(name: str):
-    rs.PARTIALS_TMA, rs.EARLY = FORMS[name]
+    rs.PARTIALS_TMA, rs.PIECE_BYTES = FORMS[name]
+
+
+class Clocks:
+    """NVML samples of this GPU's SM clock (MHz) and power (W) every 5 ms while on."""
+
+    def __init__(self, index: int):
+        import threading
+
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self.nvml, self.h = pynvml, pynvml.nvmlDeviceGetHandleByIndex(index)
+        except Exception as e:  # no NVML: timings without clocks
+            print(f"no NVML clock samples: {e}", flush=True)
+            self.nvml = None
+        self.samples: list = []
+        self.on = threading.Event()
+        self.stop = threading.Event()
+        if self.nvml:
+            threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self):
+        while not self.stop.is_set():
+            if self.on.is_set():
+                clk = self.nvml.nvmlDeviceGetClockInfo(self.h, self.nvml.NVML_CLOCK_SM)
+                watts = self.nvml.nvmlDeviceGetPowerUsage(self.h) / 1e3
+                self.samples.append((clk, watts))
+            time.sleep(0.005)
+
+    def measure(self, fn):
+        """(fn(), mean SM MHz, mean W) over fn's run (nan without samples)."""
+        self.samples = []
+        self.on.set()
+        try:
+            out = fn()
+        finally:
+            self.on.clear()
+        got = list(self.samples)
+        if not got:
+            return out, float("nan"), float("nan")
+        return (out, statistics.mean(c for c, _ in got), statistics.mean(w for _, w in got))
 
 
 def impls(comm, a, b, part, out) -> dict:
@@ -68,7 +118,7 @@ def impls(comm, a, b, part, out) -> dict:
         return run
 
     def no_send():
-        form("load")
+        form("tma")
         return rs._fused(comm, a, b, send=False)[0]
 
     return {
@@ -120,10 +170,11 @@ def trace_summary(comm, fn) -> dict:
         by.setdefault(s.kind, []).append(s)
     wait = [s.end_us - s.start_us for s in by.get("wait", [])]
     red = [s.end_us - s.start_us for s in by.get("reduce", [])]
-    own0 = min((s.start_us for s in by.get("wait", [])), default=float("nan"))
-    peer_end = max((s.end_us for s in by.get("compute", []) if s.end_us <= own0),
+    own = {s.meta["tile"] for s in by.get("wait", [])}  # only own tiles wait
+    comp = by.get("compute", [])
+    own0 = min((s.start_us for s in comp if s.meta["tile"] in own), default=float("nan"))
+    peer_end = max((s.end_us for s in comp if s.meta["tile"] not in own),
                    default=float("nan"))
-    comp = [s for s in by.get("compute", [])]
     return dict(wait_us=statistics.mean(wait) if wait else 0.0,
                 reduce_us=statistics.mean(red) if red else 0.0,
                 launch_gap_us=own0 - peer_end,
@@ -142,6 +193,7 @@ def main() -> int:
     dev = comm.device
     commit = os.environ.get("COMMLAB_COMMIT") or git_commit()
     records, fails = [], 0
+    clocks = Clocks(comm.device.index)
     for model, m, k, n in SHAPES[:args.shapes]:
         g = torch.Generator(device=dev).manual_seed(17 + comm.rank)
         a = torch.randn(m, k, device=dev, generator=g).bfloat16()
@@ -153,10 +205,15 @@ def main() -> int:
         fails += bad
         log(comm, f"{model} M={m}: check {'ok' if not bad else f'{bad} FAILURES'}")
         times = {name: [] for name in fns}
+        mhz = {name: [] for name in fns}
+        watts = {name: [] for name in fns}
         for _ in range(args.rounds):
             for name, fn in fns.items():
-                times[name].append(time_per_call(fn, args.iters, warmup=5,
-                                                 group=comm.cpu_group))
+                t, clk, w = clocks.measure(lambda fn=fn: time_per_call(
+                    fn, args.iters, warmup=5, group=comm.cpu_group))
+                times[name].append(t)
+                mhz[name].append(clk)
+                watts[name].append(w)
         med = {name: statistics.median(v) for name, v in times.items()}
         seq, comm_t = med["sequential"], med["comm_only"]
         for name, t in med.items():
@@ -164,10 +221,14 @@ def main() -> int:
             records.append(dict(op="gemm_rs", impl=name, model=f"llama3-{model}", m=m, n=n,
                                 k=k, dtype="bfloat16", world_size=comm.world_size,
                                 time_us=round(t, 2), rounds=[round(v, 2) for v in times[name]],
+                                sm_mhz=[round(v) for v in mhz[name]],
+                                watts=[round(v) for v in watts[name]],
                                 hidden=None if hidden is None else round(hidden, 4),
                                 device=device_name(comm), commit=commit, mode="queued"))
             log(comm, f"  {name:18s} {t:9.1f} us  rounds "
                       + " ".join(f"{v:.1f}" for v in times[name])
+                      + "  MHz " + " ".join(f"{v:.0f}" for v in mhz[name])
+                      + "  W " + " ".join(f"{v:.0f}" for v in watts[name])
                       + ("" if hidden is None else f"   hidden {hidden:6.1%}"))
     model, m, k, n = SHAPES[0]
     g = torch.Generator(device=dev).manual_seed(5)
@@ -182,7 +243,8 @@ def main() -> int:
         print(f"[rank {comm.rank}] trace {f:10s} own tile wait {s['wait_us']:.2f} us, "
               f"reduce {s['reduce_us']:.2f} us, gap between launches "
               f"{s['launch_gap_us']:.1f} us, tiles span {s['span_us']:.1f} us", flush=True)
-    form("load")
+    form("tma")
+    clocks.stop.set()
     gathered = [None] * comm.world_size
     dist.all_gather_object(gathered, records, group=comm.cpu_group)
     if comm.rank == 0:

@@ -34,18 +34,16 @@ def gemm_kernel(
     KI = (K + BK - 1) // BK
     for tile in tl.range(pid, DP_TILES, nprog):  # whole tiles
         pid_m, pid_n = grouped_tile(tile, M, N, BM, BN, GROUP_M)
-        acc = mma(tl.zeros((BM, BN), dtype=tl.float32), a_src, pid_m * 0, M, b_src,
-                  stride_bk, stride_bn, N, K, pid_m, pid_n, 0, KI, BM, BN, BK, EVEN_K, USE_TMA,
-                  B_TRANS)
+        acc = mma(a_src, pid_m * 0, M, b_src, stride_bk, stride_bn, N, K, pid_m, pid_n,
+                  0, KI, BM, BN, BK, EVEN_K, USE_TMA, B_TRANS)
         store_tile(out, pid_m * 0, M, N, pid_m, pid_n, acc, BM, BN, OUT_TMA)
     # the partial last wave, split along K (a loop of 0 or 1 trips, the same structure
     # as the loop above)
     j, k_lo, k_hi, n = tail_part(tiles - DP_TILES, KI, SPLIT)
     for _ in range(0, n):
         pid_m, pid_n = grouped_tile(DP_TILES + j, M, N, BM, BN, GROUP_M)
-        acc = mma(tl.zeros((BM, BN), dtype=tl.float32), a_src, pid_m * 0, M, b_src,
-                  stride_bk, stride_bn, N, K, pid_m, pid_n, k_lo, k_hi, BM, BN, BK, EVEN_K,
-                  USE_TMA, B_TRANS)
+        acc = mma(a_src, pid_m * 0, M, b_src, stride_bk, stride_bn, N, K, pid_m, pid_n,
+                  k_lo, k_hi, BM, BN, BK, EVEN_K, USE_TMA, B_TRANS)
         acc, done = tail_combine(ws_ptr, cnt_ptr, acc, j, tiles - DP_TILES, SPLIT, BM, BN)
         if done:
             store_tile(out, pid_m * 0, M, N, pid_m, pid_n, acc, BM, BN, OUT_TMA)

@@ -99,11 +99,11 @@ def grouped_tile(t, rows, N, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.con
 
 
 @triton.jit
-def mma_tile(acc, a_ptr, stride_am, b_ptr, stride_bk, stride_bn, rows, N, K, pid_m, pid_n,
+def mma_tile(a_ptr, stride_am, b_ptr, stride_bk, stride_bn, rows, N, K, pid_m, pid_n,
              k_lo, k_hi, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
              EVEN_K: tl.constexpr):
-    """acc + fp32 [BM, BN] tile (pid_m, pid_n) of A @ B over K iterations [k_lo, k_hi) (of
-    BK each), A: [rows, K] row-major (stride_am), B: [K, N] with any strides. Rows/columns
+    """fp32 [BM, BN] tile (pid_m, pid_n) of A @ B over K iterations [k_lo, k_hi) (of BK
+    each), A: [rows, K] row-major (stride_am), B: [K, N] with any strides. Rows/columns
     past the edge wrap (their results are never stored), so only K needs a mask, and
     none when K % BK == 0."""
     offs_m = (pid_m * BM + tl.arange(0, BM)) % rows
@@ -111,6 +111,7 @@ def mma_tile(acc, a_ptr, stride_am, b_ptr, stride_bk, stride_bn, rows, N, K, pid
     offs_k = tl.arange(0, BK)
     a_rows = a_ptr + offs_m[:, None].to(tl.int64) * stride_am
     b_cols = b_ptr + offs_n[None, :] * stride_bn
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
     for k in range(k_lo, k_hi):
         ks = k * BK + offs_k
         a_ptrs = a_rows + ks[None, :]
@@ -129,17 +130,17 @@ def mma_tile(acc, a_ptr, stride_am, b_ptr, stride_bk, stride_bn, rows, N, K, pid
 
 
 @triton.jit
-def mma(acc, a_src, row0, rows, b_src, stride_bk, stride_bn, N, K, pid_m, pid_n, k_lo, k_hi,
+def mma(a_src, row0, rows, b_src, stride_bk, stride_bn, N, K, pid_m, pid_n, k_lo, k_hi,
         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
         USE_TMA: tl.constexpr, B_TRANS: tl.constexpr):
-    """``acc`` (fp32 [BM, BN]: zeros, or what the tile starts from) plus tile
-    (pid_m, pid_n) of A[row0 : row0 + rows] @ B, K iterations [k_lo, k_hi) (a whole tile:
-    0 to cdiv(K, BK); a part of a split tail tile: part of that).
+    """fp32 tile (pid_m, pid_n) of A[row0 : row0 + rows] @ B, K iterations [k_lo, k_hi)
+    (a whole tile: 0 to cdiv(K, BK); a part of a split tail tile: part of that).
 
     USE_TMA (GPU, 16-byte aligned rows): ``a_src``/``b_src`` are tensor descriptors and
     the loads are TMA bulk copies (out-of-bounds reads come back as zeros; B given as
     [N, K] when B_TRANS). Otherwise they are pointers (``mma_tile``), as on CPU."""
     if USE_TMA:
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
         for k in range(k_lo, k_hi):
             a = a_src.load([row0 + pid_m * BM, k * BK])
             if B_TRANS:
@@ -148,8 +149,8 @@ def mma(acc, a_src, row0, rows, b_src, stride_bk, stride_bn, N, K, pid_m, pid_n,
                 b = b_src.load([k * BK, pid_n * BN])
             acc = tl.dot(a, b, acc)
     else:
-        acc = mma_tile(acc, a_src + tl.cast(row0, tl.int64) * K, K, b_src, stride_bk,
-                       stride_bn, rows, N, K, pid_m, pid_n, k_lo, k_hi, BM, BN, BK, EVEN_K)
+        acc = mma_tile(a_src + tl.cast(row0, tl.int64) * K, K, b_src, stride_bk, stride_bn, rows, N,
+                       K, pid_m, pid_n, k_lo, k_hi, BM, BN, BK, EVEN_K)
     return acc
 
 

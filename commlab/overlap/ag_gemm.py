@@ -109,8 +109,8 @@ def _ag_tile(
     else:
         rows_src = gathered_src
         row0 = src * ROWS
-    acc = mma(tl.zeros((BM, BN), dtype=tl.float32), rows_src, row0, ROWS, b_src, stride_bk,
-              stride_bn, N, K, pid_m, pid_n, k_lo, k_hi, BM, BN, BK, EVEN_K, USE_TMA, B_TRANS)
+    acc = mma(rows_src, row0, ROWS, b_src, stride_bk, stride_bn, N, K, pid_m, pid_n,
+              k_lo, k_hi, BM, BN, BK, EVEN_K, USE_TMA, B_TRANS)
     if SEGMENT:
         acc, done = tail_combine(ws_ptr, cnt_ptr, acc, j, TAIL, SPLIT, BM, BN)
     else:

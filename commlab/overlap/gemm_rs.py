@@ -92,40 +92,20 @@ def _rs_tile(
     tile, row, tid, j, k_lo, k_hi, ready, me, world, dst,
     ROWS, N, K, stride_bk, stride_bn, epoch, PIECE_TILES, TAIL, SPLIT,
     SEGMENT: tl.constexpr, OWN: tl.constexpr, MAXP: tl.constexpr, OUT_TMA: tl.constexpr,
-    IN_TMA: tl.constexpr, EARLY: tl.constexpr,
+    IN_TMA: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
     EVEN_K: tl.constexpr, USE_TMA: tl.constexpr, B_TRANS: tl.constexpr,
     TRACE: tl.constexpr,
 ):
     """Tile ``tile`` of chunk dst (K iterations [k_lo, k_hi): all of them, or a SEGMENT
     of tail tile j, one of SPLIT parts); returns the program's new ``ready``. It is tile
-    ``tid`` of the whole call in the trace (chunk-launch order).
-
-    OWN tiles add the peers' partials: after the main loop, waiting for them if need be;
-    or (EARLY, whole tiles) before it, as the accumulator's start, when they have already
-    landed (a look at the flags, no wait), so their load overlaps the main loop's first
-    TMA copies instead of delaying the store."""
+    ``tid`` of the whole call in the trace (chunk-launch order)."""
     pid_m, pid_n = grouped_tile(tile, ROWS, N, BM, BN, GROUP_M)
-    piece = pid_m // PIECE_TILES  # (a peer's pieces land in order: piece p's flag
-    #                                covers every piece <= p)
     if TRACE:
         stamp(trace_ptr, row, 0, tid)
-    acc = tl.zeros((BM, BN), dtype=tl.float32)
-    early = OWN and EARLY and not SEGMENT  # (constexpr)
-    if early:
-        if piece > ready:  # a look at the flags
-            landed = True
-            for i in range(1, world):
-                flag = flags_ptr + ((me + i) % world) * MAXP + piece
-                landed = landed & (tl.atomic_add(flag, 0, sem="acquire", scope="sys") >= epoch)
-            if landed:
-                ready = piece
-        if piece <= ready:  # landed: the partials are the accumulator's start
-            tl.debug_barrier()  # no thread loads before the acquire
-            acc = _add_partials(acc, inbox, me, world, pid_m, pid_n, ROWS, N, BM, BN, IN_TMA)
 
     # --- compute: our partial of tile (pid_m, pid_n) of chunk dst ---------------------
-    acc = mma(acc, a_src, dst * ROWS, ROWS, b_src, stride_bk, stride_bn, N, K, pid_m, pid_n,
+    acc = mma(a_src, dst * ROWS, ROWS, b_src, stride_bk, stride_bn, N, K, pid_m, pid_n,
               k_lo, k_hi, BM, BN, BK, EVEN_K, USE_TMA, B_TRANS)
     if SEGMENT:
         acc, done = tail_combine(ws_ptr, cnt_ptr, acc, j, TAIL, SPLIT, BM, BN)
@@ -136,27 +116,15 @@ def _rs_tile(
     if done:
         if OWN:
             # --- wait + reduce: add every peer's partial of this tile -------------------
-            # (unless it was added before the main loop: early and piece <= ready)
-            if early:
-                if piece > ready:
-                    for i in range(1, world):
-                        cl.wait(flags_ptr + ((me + i) % world) * MAXP + piece, epoch)
-                    ready = piece
-                    if TRACE:
-                        stamp(trace_ptr, row, 2, tid)
-                    acc = _add_partials(acc, inbox, me, world, pid_m, pid_n, ROWS, N, BM, BN,
-                                        IN_TMA)
-                elif TRACE:
-                    stamp(trace_ptr, row, 2, tid)
-            else:
-                if piece > ready:
-                    for i in range(1, world):
-                        cl.wait(flags_ptr + ((me + i) % world) * MAXP + piece, epoch)
-                    ready = piece
-                if TRACE:
-                    stamp(trace_ptr, row, 2, tid)
-                acc = _add_partials(acc, inbox, me, world, pid_m, pid_n, ROWS, N, BM, BN,
-                                    IN_TMA)
+            # (a peer's pieces land in order, so piece p's flag covers every piece <= p)
+            piece = pid_m // PIECE_TILES
+            if piece > ready:
+                for i in range(1, world):
+                    cl.wait(flags_ptr + ((me + i) % world) * MAXP + piece, epoch)
+                ready = piece
+            if TRACE:
+                stamp(trace_ptr, row, 2, tid)
+            acc = _add_partials(acc, inbox, me, world, pid_m, pid_n, ROWS, N, BM, BN, IN_TMA)
             store_tile(out, pid_m * 0, ROWS, N, pid_m, pid_n, acc, BM, BN, OUT_TMA)
             if TRACE:
                 stamp(trace_ptr, row, 3, tid)
@@ -190,7 +158,7 @@ def gemm_rs_kernel(
     OWN: tl.constexpr,
     MAXP: tl.constexpr,
     OUT_TMA: tl.constexpr,
-    IN_TMA: tl.constexpr, EARLY: tl.constexpr,
+    IN_TMA: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
     EVEN_K: tl.constexpr, USE_TMA: tl.constexpr, B_TRANS: tl.constexpr,
     TRACE: tl.constexpr,
@@ -210,7 +178,7 @@ def gemm_rs_kernel(
         ready = _rs_tile(a_src, b_src, out, inbox, flags_ptr, ws_ptr, cnt_ptr, trace_ptr,
                          tile, base + tile, chunk_idx * tiles + tile, tile, 0, KI, ready,
                          me, world, dst, ROWS, N, K, stride_bk, stride_bn, epoch, PIECE_TILES,
-                         tiles - DP_TILES, SPLIT, False, OWN, MAXP, OUT_TMA, IN_TMA, EARLY,
+                         tiles - DP_TILES, SPLIT, False, OWN, MAXP, OUT_TMA, IN_TMA,
                          BM, BN, BK, GROUP_M, EVEN_K, USE_TMA, B_TRANS, TRACE)
     # the partial last wave, split along K (a loop of 0 or 1 trips, the same structure
     # as the loop above)
@@ -220,16 +188,17 @@ def gemm_rs_kernel(
                          DP_TILES + j, base + tiles + pid, chunk_idx * tiles + DP_TILES + j,
                          j, k_lo, k_hi, ready, me, world, dst, ROWS, N, K, stride_bk,
                          stride_bn, epoch, PIECE_TILES, tiles - DP_TILES, SPLIT, True, OWN,
-                         MAXP, OUT_TMA, IN_TMA, EARLY, BM, BN, BK, GROUP_M, EVEN_K, USE_TMA,
+                         MAXP, OUT_TMA, IN_TMA, BM, BN, BK, GROUP_M, EVEN_K, USE_TMA,
                          B_TRANS, TRACE)
 
 
 MAX_PIECES = 16  # flags per (source, call)
-# How own tiles read the peers' partials (GPU; bench/gpu_gemm_variants.py --what rs
-# compares them): through a TMA descriptor or plain loads; and whether a tile whose
-# partials have already landed starts its accumulator from them (EARLY).
-PARTIALS_TMA = False
-EARLY = False
+# How own tiles read the peers' partials on GPU: one TMA bulk copy per partial tile, or
+# plain loads (False). bench/gpu_rs_variants.py on 2xH200 (bench/results/history/
+# rs-epilogue-forms-2xh200.json): an own tile's reduce 3.4-3.5 -> 2.4-2.5 us, the 8B
+# M=8192 call 638.0 -> 635.4 us, M=16384 1279.1 -> 1271.2 us. (Starting the accumulator
+# from partials already landed, before the main loop, made the calls 10-12% slower.)
+PARTIALS_TMA = True
 PIECE_BYTES = 4 << 20  # at least this much per copy (each copy and flag write costs ~µs)
 
 
@@ -318,7 +287,7 @@ def _fused(comm, a: torch.Tensor, b: torch.Tensor, *, send: bool = True):
             ops.a, ops.b, target, ws, cnt, inbox, bufs.flags, comm.context, tbuf,
             rows, n, k, b.stride(0), b.stride(1), c, epoch, ptiles,
             sched.dp_tiles, sched.split, sched.trace_rows,
-            OWN=own, MAXP=MAX_PIECES, OUT_TMA=out_tma, IN_TMA=in_tma, EARLY=EARLY,
+            OWN=own, MAXP=MAX_PIECES, OUT_TMA=out_tma, IN_TMA=in_tma,
             BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, GROUP_M=cfg.GROUP_M,
             EVEN_K=k % cfg.BK == 0, USE_TMA=ops.tma, B_TRANS=ops.b_trans,
             TRACE=tbuf is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
