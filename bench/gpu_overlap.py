@@ -44,7 +44,7 @@ import torch.distributed as dist  # noqa: E402
 
 import commlab  # noqa: E402
 from commlab.bench._records import device_name, git_commit, machine_tag  # noqa: E402
-from commlab.bench._timing import time_per_call  # noqa: E402
+from commlab.bench._timing import QUEUE_SLEEP_CYCLES, time_per_call  # noqa: E402
 
 # Llama-3 tensor-parallel MLP projections at W=2 (DESIGN.md): (K, N) of the local GEMM
 SHAPES = {
@@ -279,6 +279,11 @@ def traced(comm) -> list[dict]:
         torch.cuda.synchronize()
         dist.barrier(group=comm.cpu_group)
         commlab.trace.start()
+        # queued behind a device sleep, as the timed calls are: the timeline shows the
+        # GPU's time, not gaps where it waited for the host to launch the next kernel
+        # (traced, gemm_rs's own-chunk launch otherwise started 200-700 us after its
+        # first launch ended, bench/results/rs-variants-2xh200.json at 4f4708a)
+        torch.cuda._sleep(QUEUE_SLEEP_CYCLES)
         fn(a, b, algorithm="fused")
         got = commlab.trace.stop()
         spans += [dict(s.to_dict(), op=op, m=m, n=n, k=k) for s in got]
@@ -295,6 +300,8 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=5,
                    help="interleaved rounds per shape; the median round is recorded")
     p.add_argument("--skip-check", action="store_true")
+    p.add_argument("--trace-only", action="store_true",
+                   help="only record the traced calls (overlap-trace-*.json)")
     p.add_argument("--eager", action="store_true", help="time without queueing (host included)")
     p.add_argument("--tiles", default="",
                    help="also time the fused kernels under these tile configs, e.g. "
@@ -310,7 +317,7 @@ def main() -> int:
     except Exception as e:  # the torch impl is then reported as missing, not fatal
         log(comm, f"torch symmetric memory not enabled: {e}")
     log(comm, f"{comm.world_size} x {device_name(comm)}, torch {torch.__version__}")
-    fails = 0 if args.skip_check else check(comm)
+    fails = 0 if args.skip_check or args.trace_only else check(comm)
     out, tag = Path(args.out), machine_tag(comm)
     rec_path = out / f"overlap-{tag}-w{comm.world_size}.json"
 
@@ -319,7 +326,7 @@ def main() -> int:
             out.mkdir(parents=True, exist_ok=True)
             rec_path.write_text(json.dumps(records, indent=1) + "\n")
 
-    records = bench(comm, args, save)
+    records = [] if args.trace_only else bench(comm, args, save)
     tile_records = tile_sweep(comm, args) if args.tiles else []
     spans = traced(comm)
     all_spans = [None] * comm.world_size
@@ -330,7 +337,8 @@ def main() -> int:
         if tile_records:
             (out / f"overlap-tiles-{tag}-w{comm.world_size}.json").write_text(
                 json.dumps(tile_records, indent=1) + "\n")
-        print(f"wrote {rec_path} ({len(records)} records), {trace_path}; "
+        print(f"wrote {'' if args.trace_only else f'{rec_path} ({len(records)} records), '}"
+              f"{trace_path}; "
               f"{time.time() - t0:.0f} s", flush=True)
     commlab.finalize()
     return 1 if fails else 0

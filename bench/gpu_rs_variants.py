@@ -47,7 +47,7 @@ import torch.distributed as dist  # noqa: E402
 
 import commlab  # noqa: E402
 from commlab.bench._records import device_name, git_commit  # noqa: E402
-from commlab.bench._timing import time_per_call  # noqa: E402
+from commlab.bench._timing import QUEUE_SLEEP_CYCLES, time_per_call  # noqa: E402
 
 rs = importlib.import_module("commlab.overlap.gemm_rs")  # (the package exports the function)
 
@@ -162,6 +162,7 @@ def trace_summary(comm, fn) -> dict:
     torch.cuda.synchronize()
     dist.barrier(group=comm.cpu_group)
     commlab.trace.start()
+    torch.cuda._sleep(QUEUE_SLEEP_CYCLES)  # device time, not the host's launch gaps
     fn()
     spans = [s for s in commlab.trace.stop() if getattr(s, "meta", None)
              and "tile" in s.meta]
