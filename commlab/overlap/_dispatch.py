@@ -8,31 +8,31 @@ W=2): the smallest measured M from which the fused kernel beat the sequential pa
 every measured shape.
 
 Measured 2026-11-30, 2xH200, torch 2.11 / triton 3.6, device time (calls queued), µs,
-median of 5 interleaved rounds (bench/results/overlap-2xh200-w2.json, commit 86348d5,
+median of 5 interleaved rounds (bench/results/overlap-2xh200-w2.json, commit 4f4708a,
 with the partial last wave split along K). "NCCL seq" = NCCL collective + torch.matmul,
 "cl seq" = commlab's collective + torch.matmul (what auto runs below the threshold),
 "triton" = the fused kernels' GEMM alone:
 
     op       model      M  NCCL seq   cl seq    fused    torch   comm   cuBLAS   triton
-    ag_gemm  8B       512     122.0    106.2     97.4    114.8   29.8     88.9     91.1
-    ag_gemm  8B      2048     365.3    344.0    316.4    361.6   57.1    310.9    310.9
-    ag_gemm  8B      8192    1392.1   1350.3   1251.9   1278.5  162.6   1209.5   1224.9
-    ag_gemm  70B      512     370.9    353.3    349.1    377.3   39.5    331.5    318.5
-    ag_gemm  70B     2048    1321.0   1288.6   1235.9   1273.6   95.9   1201.1   1211.4
-    gemm_rs  8B       512      70.2     57.3     89.6     78.6   26.5     42.4     53.6
-    gemm_rs  8B      2048     208.5    190.3    161.0    185.7   53.9    153.2    152.6
-    gemm_rs  8B      8192     773.6    733.8    638.4    693.3  169.8    598.1    608.8
-    gemm_rs  70B      512     188.9    175.9    197.1    195.3   35.2    155.1    152.7
-    gemm_rs  70B     2048     699.3    670.9    618.0    661.0   97.0    594.6    596.5
+    ag_gemm  8B       512     122.2    106.5     97.8    115.7   29.8     89.4     91.2
+    ag_gemm  8B      2048     366.5    344.8    317.0    362.5   56.9    311.8    311.3
+    ag_gemm  8B      8192    1392.7   1353.2   1254.5   1280.4  161.0   1210.6   1229.3
+    ag_gemm  70B      512     374.0    357.1    356.6    384.3   39.0    335.2    320.0
+    ag_gemm  70B     2048    1324.3   1293.4   1240.5   1283.3   93.9   1204.8   1213.6
+    gemm_rs  8B       512      70.0     57.2     82.9     79.3   26.0     42.5     53.6
+    gemm_rs  8B      2048     207.9    190.1    160.5    186.1   53.2    153.6    152.7
+    gemm_rs  8B      8192     774.3    735.1    638.1    696.4  167.9    598.2    610.3
+    gemm_rs  70B      512     189.8    176.0    196.5    198.6   34.9    155.8    153.5
+    gemm_rs  70B     2048     701.9    672.1    618.0    662.9   95.6    596.8    596.8
 
-ag_gemm: fused is the fastest at every measured M (512 to 16384): 1-8% faster than cl
-seq at M=512 (70B by 1.2%, within the rounds' spread; in the previous run, before the
-split tail, fused lost there: 378.4 against 359.0, bench/results/history/
+ag_gemm: fused is the fastest at every measured M (512 to 16384): at M=512 8% faster
+than cl seq for 8B and level with it for 70B (356.6 against 357.1; in the run before
+the split tail, fused lost there: 378.4 against 359.0, bench/results/history/
 overlap-2xh200-w2-0c51d21.json). gemm_rs: from M=2048 fused is the fastest of all
-(6-15% faster than cl seq); at M=512 a row chunk has 32 tiles per launch for 132 SMs,
-and even split four ways along K (its GEMM alone: 53.6 µs, cuBLAS 42.4) the two launches
-and the waits cost more than the 26.5 µs they hide, so auto runs "cl seq" there: 7-18%
-faster than NCCL + matmul and 10-27% faster than PyTorch's fused op.
+(8-16% faster than cl seq); at M=512 a row chunk has 32 tiles per launch for 132 SMs,
+and even split four ways along K (its GEMM alone: 53.6 µs, cuBLAS 42.5) the two launches
+and the waits cost more than the 26.0 µs they hide, so auto runs "cl seq" there: 7-18%
+faster than NCCL + matmul and 11-28% faster than PyTorch's fused op.
 
 The CPU backend always runs the fused kernels (it exists to show how they work).
 Inside a CUDA-graph capture auto runs the sequential path: the fused kernels number

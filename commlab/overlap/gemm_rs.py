@@ -40,11 +40,14 @@ call e-1, which p queued after its own-chunk launch of call e-2, the last reader
 slot. The staging buffer is reused by the next call only after the main stream has
 joined the side stream (the pushes are done).
 
-When it wins (2xH200, bf16, Llama-3 MLP shapes, bench/gpu_overlap.py at 86348d5,
-bench/results/overlap-2xh200-w2.json): M >= 2048, 9-23% faster than torch.matmul + NCCL
-reduce-scatter and 2-13% faster than PyTorch's fused_matmul_reduce_scatter, hiding
-79.6-90% of the reduce-scatter for 8B (79.6% at M=8192: fused 638.4 µs is 29.6 µs above
-its Triton GEMM alone) and 79-119% for 70B (whose rounds vary by up to 30 points). At
+When it wins (2xH200, bf16, Llama-3 MLP shapes, bench/gpu_overlap.py at 4f4708a,
+bench/results/overlap-2xh200-w2.json): M >= 2048, 9.7-22.8% faster than torch.matmul +
+NCCL reduce-scatter and 0.5-13.8% faster than PyTorch's fused_matmul_reduce_scatter,
+hiding 81.1-90.8% of the reduce-scatter for 8B and 87.8-101.1% for 70B (whose rounds
+vary by up to 55 points: the SM clock wanders under the 70B GEMMs' power draw). At 8B
+M=8192 the call is 27.8 µs above its Triton GEMM alone (638.1 against 610.3 µs); the
+launches and the own tiles' reads of the partials without any communication cost
+11.1 µs of that (bench/gpu_rs_variants.py, bench/results/rs-variants-2xh200.json). At
 M=512 the 32 tiles per launch leave SMs idle even split along K, and
 ``algorithm="auto"`` runs torch.matmul, then commlab's reduce-scatter.
 """
@@ -197,7 +200,7 @@ MAX_PIECES = 16  # flags per (source, call)
 # plain loads (False). bench/gpu_rs_variants.py on 2xH200 (bench/results/history/
 # rs-epilogue-forms-2xh200.json): an own tile's reduce 3.4-3.5 -> 2.4-2.5 us, the 8B
 # M=8192 call 638.0 -> 635.4 us, M=16384 1279.1 -> 1271.2 us. (Starting the accumulator
-# from partials already landed, before the main loop, made the calls 10-12% slower.)
+# from partials already landed, before the main loop, made the calls 9.8-11.6% slower.)
 PARTIALS_TMA = True
 PIECE_BYTES = 4 << 20  # at least this much per copy (each copy and flag write costs ~µs)
 
