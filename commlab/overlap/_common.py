@@ -84,6 +84,19 @@ def check_gemm_args(op: str, comm: Communicator, a, b, algorithm: str,
     return ""
 
 
+def agree_args(op: str, comm: Communicator, a, b, algorithm: str, *,
+               rows_divisible: bool) -> None:
+    """Check (a, b, algorithm) on this rank and agree on them with every rank: the same
+    clear error everywhere, before anything launches, when any rank's break a rule."""
+    from commlab.collectives._common import agree
+
+    err = check_gemm_args(op, comm, a, b, algorithm, rows_divisible=rows_divisible)
+    fields = {}
+    if not err:
+        fields = {"a": tuple(a.shape), "b": tuple(b.shape), "dtype": str(a.dtype)}
+    agree(op, None, err, algorithm=algorithm, **fields)
+
+
 @dataclass
 class Operands:
     """What the kernels read A and B through: TMA descriptors on GPU when the rows are

@@ -57,3 +57,23 @@ def choose(op: str, comm: Communicator, m: int, n: int, k: int) -> str:
     if torch.cuda.is_current_stream_capturing():
         return "sequential"  # the fused kernels number calls on the host: not replayable
     return "fused" if m >= MIN_FUSED_M[op] else "sequential"
+
+
+def run(op: str, comm: Communicator, a: torch.Tensor, b: torch.Tensor, algorithm: str, *,
+        m: int, nbytes: int, sequential, fused) -> torch.Tensor:
+    """The public ops' common path once their arguments are agreed: pick the algorithm,
+    run ``sequential(comm, a, b)`` or ``fused(comm, a, b)`` (inside a trace span of
+    ``nbytes`` communicated, its tile spans decoded after it)."""
+    from commlab import trace
+    from commlab.overlap._common import refuse_capture
+
+    algo = choose(op, comm, m, b.shape[1], a.shape[1]) if algorithm == "auto" else algorithm
+    if algo == "sequential":  # (its collective records its own span)
+        return sequential(comm, a, b)
+    if algorithm == "fused":  # (auto chose fused only outside a capture)
+        refuse_capture(op, comm)
+    with trace.collective(op, nbytes, algo, comm.device):
+        out, decode = fused(comm, a.contiguous(), b)
+    if decode is not None:
+        decode()
+    return out

@@ -38,7 +38,7 @@ import triton.language as tl
 
 import commlab.language as cl
 from commlab import trace
-from commlab.collectives._common import agree, comm_or_raise, launch_for
+from commlab.collectives._common import comm_or_raise, launch_for
 from commlab.overlap import _common as oc
 from commlab.overlap._tiles import grouped_tile, mma, stamp, store_tile, tail_combine, tail_part
 
@@ -249,23 +249,10 @@ def ag_gemm(a: torch.Tensor, b: torch.Tensor, *, algorithm: str = "auto") -> tor
 
     algorithm: "fused" (overlapped Triton kernel), "sequential" (gather, then matmul),
     or "auto" (the measured rule in ``commlab.overlap._dispatch``)."""
-    from commlab.overlap._dispatch import choose
+    from commlab.overlap._dispatch import run
 
     comm = comm_or_raise()
-    err = oc.check_gemm_args("ag_gemm", comm, a, b, algorithm, rows_divisible=False)
-    fields = {}
-    if not err:
-        fields = {"a": tuple(a.shape), "b": tuple(b.shape), "dtype": str(a.dtype)}
-    agree("ag_gemm", None, err, algorithm=algorithm, **fields)
-    m = comm.world_size * a.shape[0]
-    algo = choose("ag_gemm", comm, m, b.shape[1], a.shape[1]) if algorithm == "auto" else algorithm
+    oc.agree_args("ag_gemm", comm, a, b, algorithm, rows_divisible=False)
     nbytes = (comm.world_size - 1) * a.numel() * a.element_size()
-    if algo == "sequential":  # (its collective records its own span)
-        return _sequential(comm, a, b)
-    if algorithm == "fused":  # (auto chose fused only outside a capture)
-        oc.refuse_capture("ag_gemm", comm)
-    with trace.collective("ag_gemm", nbytes, algo, comm.device):
-        out, decode = _fused(comm, a.contiguous(), b)
-    if decode is not None:
-        decode()
-    return out
+    return run("ag_gemm", comm, a, b, algorithm, m=comm.world_size * a.shape[0], nbytes=nbytes,
+               sequential=_sequential, fused=_fused)

@@ -60,7 +60,7 @@ import triton.language as tl
 
 import commlab.language as cl
 from commlab import trace
-from commlab.collectives._common import agree, comm_or_raise
+from commlab.collectives._common import comm_or_raise
 from commlab.overlap import _common as oc
 from commlab.overlap._tiles import grouped_tile, mma, stamp, store_tile, tail_combine, tail_part
 
@@ -321,23 +321,10 @@ def gemm_rs(a: torch.Tensor, b: torch.Tensor, *, algorithm: str = "auto") -> tor
 
     algorithm: "fused" (overlapped Triton kernel), "sequential" (matmul, then
     reduce-scatter), or "auto" (the measured rule in ``commlab.overlap._dispatch``)."""
-    from commlab.overlap._dispatch import choose
+    from commlab.overlap._dispatch import run
 
     comm = comm_or_raise()
-    err = oc.check_gemm_args("gemm_rs", comm, a, b, algorithm, rows_divisible=True)
-    fields = {}
-    if not err:
-        fields = {"a": tuple(a.shape), "b": tuple(b.shape), "dtype": str(a.dtype)}
-    agree("gemm_rs", None, err, algorithm=algorithm, **fields)
-    m, n, k = a.shape[0], b.shape[1], a.shape[1]
-    algo = choose("gemm_rs", comm, m, n, k) if algorithm == "auto" else algorithm
-    nbytes = (comm.world_size - 1) * (m // comm.world_size) * n * a.element_size()
-    if algo == "sequential":  # (its collective records its own span)
-        return _sequential(comm, a, b)
-    if algorithm == "fused":  # (auto chose fused only outside a capture)
-        oc.refuse_capture("gemm_rs", comm)
-    with trace.collective("gemm_rs", nbytes, algo, comm.device):
-        out, decode = _fused(comm, a.contiguous(), b)
-    if decode is not None:
-        decode()
-    return out
+    oc.agree_args("gemm_rs", comm, a, b, algorithm, rows_divisible=True)
+    nbytes = (comm.world_size - 1) * (a.shape[0] // comm.world_size) * b.shape[1] * a.element_size()
+    return run("gemm_rs", comm, a, b, algorithm, m=a.shape[0], nbytes=nbytes,
+               sequential=_sequential, fused=_fused)
