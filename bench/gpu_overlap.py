@@ -11,14 +11,12 @@
    (torch.ops.symm_mem.fused_all_gather_matmul / fused_matmul_reduce_scatter),
    "comm_only" (the NCCL collective alone), "gemm_only" (torch.matmul alone) and
    "triton_gemm_only" (the fused kernels' own Triton GEMM alone, commlab.overlap._gemm).
-   Each round: a warm-up, then --iters calls of every impl interleaved (impl 1, impl 2,
-   ..., impl 1, ...), each call between its own CUDA-event pair, all queued behind one
-   device sleep (so the events bracket device time, not the host's Python; and a clock
-   that drifts under the power limit slows every impl alike); per impl the median call,
-   the slowest rank's. --rounds rounds per shape, the median round recorded with mode
-   "queued" (all rounds kept in the record). --eager times without the sleep instead
-   (mode "eager": host overhead included). (Until 4f4708a each impl had a window of its
-   own per round: the 70B rows then moved by up to 55 points of "hidden" between rounds.)
+   Each: warm-up, then the median of per-call CUDA-event times over back-to-back calls
+   queued behind a device sleep (so the events bracket device time, not the host's
+   Python), the slowest rank's median; --rounds interleaved rounds per shape (every impl
+   once per round), the median round recorded with mode "queued" (all rounds kept in
+   the record). --eager times plain back-to-back calls instead (mode "eager": host
+   overhead included).
 
    hidden = (sequential - fused) / comm_only: the share of the communication the overlap
    hid (1.0 = all of it; the target is >= 0.8 at M >= 2048).
@@ -46,11 +44,7 @@ import torch.distributed as dist  # noqa: E402
 
 import commlab  # noqa: E402
 from commlab.bench._records import device_name, git_commit, machine_tag  # noqa: E402
-from commlab.bench._timing import (  # noqa: E402
-    QUEUE_SLEEP_CYCLES,
-    time_interleaved,
-    time_per_call,
-)
+from commlab.bench._timing import QUEUE_SLEEP_CYCLES, time_per_call  # noqa: E402
 
 # Llama-3 tensor-parallel MLP projections at W=2 (DESIGN.md): (K, N) of the local GEMM
 SHAPES = {
@@ -178,13 +172,10 @@ def bench(comm, args, save) -> list[dict]:
                 impls = make_impls(comm, op, m, k, n)
                 iters = args.iters if m * k * n < 2**38 else max(20, args.iters // 2)
                 rounds = {name: [] for name in impls}
-                for _ in range(args.rounds):
-                    # every impl's calls interleaved in one window: the clock's drift
-                    # (power limit) hits every impl alike
-                    got = time_interleaved(impls, iters, warmup=args.warmup,
-                                           queued=not args.eager, group=comm.cpu_group)
-                    for name in impls:
-                        rounds[name].append(got[name])
+                for _ in range(args.rounds):  # interleaved, so drift hits every impl alike
+                    for name, fn in impls.items():
+                        rounds[name].append(time_us(comm, fn, args.warmup, iters,
+                                                    queued=not args.eager))
                 t = {}
                 for name in impls:
                     t[name] = statistics.median(rounds[name])
@@ -192,7 +183,6 @@ def bench(comm, args, save) -> list[dict]:
                                         world_size=comm.world_size, time_us=round(t[name], 2),
                                         device=dev_name, commit=commit,
                                         mode="eager" if args.eager else "queued",
-                                        timing="interleaved calls",
                                         model=f"llama3-{model}",
                                         rounds=[round(v, 2) for v in rounds[name]]))
                 del impls

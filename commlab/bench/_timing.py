@@ -98,46 +98,22 @@ def time_per_call(fn, iters: int, *, warmup: int = 5, queued: bool = True,
     queued: the device first sleeps while the host enqueues every call, so each event
     pair brackets device work only (what the GPU spends when the host runs ahead, as
     in a training step); otherwise the host's per-call cost shows when it is larger."""
-    return time_interleaved({"fn": fn}, iters, warmup=warmup, queued=queued,
-                            sleep_cycles=sleep_cycles, group=group)["fn"]
-
-
-HOST_US_PER_CALL = 150  # what enqueuing one call may cost the host, at most (queued sleep)
-
-
-def time_interleaved(fns: dict, iters: int, *, warmup: int = 5, queued: bool = True,
-                     sleep_cycles: int = QUEUE_SLEEP_CYCLES, group=None) -> dict:
-    """``time_per_call`` for several callables (name -> fn) at once, their calls
-    interleaved: ``iters`` times each fn in turn, every call between its own CUDA-event
-    pair, all queued behind one device sleep (long enough for the host to enqueue them
-    all). Returns name -> median µs (the slowest rank's when ``group``).
-
-    A GPU at its power limit moves its clock by several percent within a second; calls
-    timed in separate windows then differ by that much for no reason of their own.
-    Interleaved, every impl sees the same clocks, so their differences hold."""
-    for fn in fns.values():
-        for _ in range(warmup):
-            fn()
+    for _ in range(warmup):
+        fn()
     torch.cuda.synchronize()
     if group is not None:
         dist.barrier(group=group)
-    ev = {name: [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                 for _ in range(iters)] for name in fns}
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+          for _ in range(iters)]
     if queued:
-        need = len(fns) * iters * HOST_US_PER_CALL * 2000  # cycles at ~2 GHz
-        torch.cuda._sleep(max(sleep_cycles, need))
-    for i in range(iters):
-        for name, fn in fns.items():
-            s, e = ev[name][i]
-            s.record()
-            fn()
-            e.record()
+        torch.cuda._sleep(sleep_cycles)  # longer than enqueuing every call
+    for s, e in ev:
+        s.record()
+        fn()
+        e.record()
     torch.cuda.synchronize()
-    out = {}
-    for name, pairs in ev.items():
-        med = statistics.median(s.elapsed_time(e) * 1e3 for s, e in pairs)
-        out[name] = med if group is None else _max_over(group, med)
-    return out
+    med = statistics.median(s.elapsed_time(e) * 1e3 for s, e in ev)
+    return med if group is None else _max_over(group, med)
 
 
 def graph_calls(out_bytes: int) -> int:
