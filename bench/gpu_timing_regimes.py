@@ -98,7 +98,7 @@ def main() -> int:
                 sep[name], sep_mhz[name], _ = clocks.measure(lambda fn=fn: time_per_call(
                     fn, args.iters, warmup=3, group=comm.cpu_group))
             (inter, host_ms, sleep_ms), inter_mhz, inter_w = clocks.measure(
-                lambda: interleaved(comm, fns, args.iters))
+                lambda fns=fns: interleaved(comm, fns, args.iters))
             for regime, t in (("windows", sep), ("interleaved", inter)):
                 hidden = (t["sequential"] - t["commlab:fused"]) / t["comm_only"]
                 rec = dict(op=op, model=f"llama3-{model}", m=m, n=n, k=k, round=rnd,
