@@ -5,7 +5,8 @@
 #
 # 0. bench/compile_check.py (registers/spills), bench/gpu_gemm_variants.py (split tail
 #    off/on vs cuBLAS on the overlap benchmark's local GEMMs)
-#    bench/gpu_rs_variants.py (gemm_rs: where its time goes, the epilogue's forms)
+#    bench/gpu_rs_variants.py (gemm_rs: where its time goes, the epilogue's forms),
+#    bench/gpu_timing_regimes.py (STEPS=regimes: two ways of timing, and the SM clock)
 # 1. bench/gpu_smoke.py under torchrun: every op x algorithm x dtype x size vs NCCL,
 #    the device language compiled, heap lifetime, back-to-back calls
 # 2. pytest -m gpu (bench, topology, linkbench, overlap)
@@ -36,6 +37,9 @@ step gemm_tail "Triton GEMM, split tail off/on vs cuBLAS (one GPU)" 200 \
   $PY bench/gpu_gemm_variants.py --out "$OUTDIR"
 step rs_forms "gemm_rs: the own tiles' epilogue forms, timed and traced" 400 \
   $PY -m torch.distributed.run --standalone --nproc-per-node 2 bench/gpu_rs_variants.py \
+  --out "$OUTDIR"
+step regimes "timing regimes: a window per impl vs interleaved, with the SM clock" 300 \
+  $PY -m torch.distributed.run --standalone --nproc-per-node 2 bench/gpu_timing_regimes.py \
   --out "$OUTDIR"
 step smoke "smoke" 170 $PY -m torch.distributed.run --standalone --nproc-per-node 2 bench/gpu_smoke.py
 step tests "gpu tests" 450 $PY -m pytest -m gpu -q -p no:cacheprovider -rs tests
