@@ -15,6 +15,19 @@ call's own host gaps inside its event pair)? Per round, for a few shapes:
                  was to cover it (host-bound when it took longer)
 
 Writes DIR/timing-regimes.json.
+
+What it found at b0805c5 (bench/results/timing-regimes-2xh200.json, 3 rounds, 4 impls):
+- gemm_rs 8B and 70B M=8192, interleaved: the host took 46-54 ms to enqueue windows that
+  a 41-53 ms sleep was to cover. Host-bound: the calls queued last carry host gaps
+  (8B "sequential" 769-778 us in windows, 801-804 interleaved), so these interleaved
+  numbers are not device time. (At ecf8b0e, 9 impls per window, worse.)
+- ag_gemm 8B M=16384, where the sleep did cover the enqueue (38-40 ms against 48-50):
+  every impl slowed alike (cuBLAS 2436-2639 -> 2761-2817 us), the SM clock at
+  1582-1631 MHz over the window against 1662-1965 MHz in the per-impl windows, the
+  board at 591-618 W once warm. Kept busy for seconds the GPU runs at its power limit
+  and a lower clock; a window per impl starts each impl after an idle moment, at a
+  clock that differs from window to window: the spread of the 70B rows.
+bench/gpu_overlap.py keeps a window per impl (the regime of every recorded result).
 """
 
 from __future__ import annotations
