@@ -87,7 +87,8 @@ def check_gemm_args(op: str, comm: Communicator, a, b, algorithm: str,
 def agree_args(op: str, comm: Communicator, a, b, algorithm: str, *,
                rows_divisible: bool) -> None:
     """Check (a, b, algorithm) on this rank and agree on them with every rank: the same
-    clear error everywhere, before anything launches, when any rank's break a rule."""
+    clear error everywhere, before anything launches, when any rank's arguments break a
+    rule."""
     from commlab.collectives._common import agree
 
     err = check_gemm_args(op, comm, a, b, algorithm, rows_divisible=rows_divisible)

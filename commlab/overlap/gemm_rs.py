@@ -262,7 +262,9 @@ def _fused(comm, a: torch.Tensor, b: torch.Tensor, *, send: bool = True):
 
     send=False (measurement only: the result lacks the peers' partials) launches the
     same kernels with no pushes and waits that pass at once (epoch 0): what the
-    launches cost without the communication."""
+    launches cost without the communication. Such a call skips the ordering that makes
+    the next call's pushes safe without a barrier, so a device sync and a barrier must
+    follow it (bench/gpu_rs_variants.py times it in a window of its own)."""
     world, me = comm.world_size, comm.rank
     rows, n, k = a.shape[0] // world, b.shape[1], a.shape[1]
     cfg = oc.tile_config(comm)
