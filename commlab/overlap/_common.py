@@ -219,7 +219,14 @@ _WORKSPACES: dict = {}
 def tail_workspace(comm: Communicator, sched: Schedule, cfg: TileConfig):
     """(fp32 part slots [programs, BM * BN], int32 arrival counters [programs], zero) for
     a launch with a split tail; cached per device and stream (launches on one stream run
-    one after another, so they can share it)."""
+    one after another, so they can share it). Without a split the kernels never touch
+    them: one-element placeholders (no 17 MiB of slots for nothing)."""
+    if not sched.split:
+        key = (str(comm.device), "none")
+        if key not in _WORKSPACES:
+            _WORKSPACES[key] = (torch.empty(1, dtype=torch.float32, device=comm.device),
+                                torch.zeros(1, dtype=torch.int32, device=comm.device))
+        return _WORKSPACES[key]
     stream = torch.cuda.current_stream(comm.device).cuda_stream if comm.backend == "cuda" else 0
     key = (str(comm.device), stream, cfg.BM, cfg.BN)
     have = _WORKSPACES.get(key)
