@@ -16,7 +16,7 @@ median of queued back-to-back calls, the slowest rank's):
                       plain loads ("load") or TMA ("tma", the default); "tma/16MiB":
                       the partial chunks sent in pieces of >= 16 MiB instead of 4
 
-(At a5d4a41 a form "early", the partials starting the accumulator before the main loop
+(On c7a51e4 a form "early", the partials starting the accumulator before the main loop
 when already landed, ran 10-12% slower: bench/results/history/rs-epilogue-forms-2xh200.json.)
 While each impl runs, a thread samples this GPU's SM clock and power through NVML: a
 GPU at its power limit lowers its clock, and long GEMMs (70B) vary by several percent
