@@ -12,21 +12,28 @@ call's own host gaps inside its event pair)? Per round, for a few shapes:
     windows      a queued window per impl (time_per_call), NVML SM clock per window
     interleaved  every impl's calls alternating in one queued window; the clock over the
                  window, and how long the host took to enqueue it against the sleep that
-                 was to cover it (host-bound when it took longer)
+                 was to cover it (the GPU waits for the host only when the enqueueing
+                 outruns the sleep plus the work already queued)
 
 Writes DIR/timing-regimes.json.
 
 What it found at b0805c5 (bench/results/timing-regimes-2xh200.json, 3 rounds, 4 impls):
-- gemm_rs 8B and 70B M=8192, interleaved: the host took 46-54 ms to enqueue windows that
-  a 41-53 ms sleep was to cover. Host-bound: the calls queued last carry host gaps
-  (8B "sequential" 769-778 us in windows, 801-804 interleaved), so these interleaved
-  numbers are not device time. (At ecf8b0e, 9 impls per window, worse.)
-- ag_gemm 8B M=16384, where the sleep did cover the enqueue (38-40 ms against 48-50):
-  every impl slowed alike (cuBLAS 2436-2639 -> 2761-2817 us), the SM clock at
-  1582-1631 MHz over the window against 1662-1965 MHz in the per-impl windows, the
-  board at 591-618 W once warm. Kept busy for seconds the GPU runs at its power limit
-  and a lower clock; a window per impl starts each impl after an idle moment, at a
-  clock that differs from window to window: the spread of the 70B rows.
+- ag_gemm 8B M=16384: interleaved, every impl slowed alike (cuBLAS 2436-2639 ->
+  2761-2817 us), the SM clock at 1582-1631 MHz over the window against 1662-1965 MHz in
+  the per-impl windows, the board at 591-618 W once warm. Kept busy for seconds the GPU
+  runs at its power limit and a lower clock; a window per impl starts each impl after
+  an idle moment, at a clock that differs from window to window: the spread of the 70B
+  rows. Fused hid 79-94% interleaved.
+- gemm_rs 8B M=8192: interleaved, cuBLAS rose (598 -> 609-618 us) and "sequential" more
+  (769-778 -> 801-804) while fused stayed (633-639), so hidden read 97-98% against
+  81-85% in windows. The host enqueued each window in 46-51 ms, ahead of the GPU (41-43
+  ms of sleep, then ~65 ms of work), so this is device time; what differs is what a call
+  inherits from the one before it (L2 contents, NCCL's stream handover): not measured.
+- gemm_rs 70B M=8192: interleaved at 1521-1584 MHz, hidden 128-134% (windows 50-113%).
+- ecf8b0e's 9-impl windows (bench/results/history) rose most at M=512 (gemm_rs 8B
+  "sequential" 70.0 -> 111.7 us), where a turn of all nine impls is ~0.6 ms of device
+  work, about what the host spends enqueueing it (35-70 us of Python per commlab call):
+  probably host gaps inside the event pairs.
 bench/gpu_overlap.py keeps a window per impl (the regime of every recorded result).
 """
 
