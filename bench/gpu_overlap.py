@@ -268,10 +268,11 @@ def traced(comm) -> list[dict]:
         fn = commlab.ag_gemm if op == "ag_gemm" else commlab.gemm_rs
         # warm-up with a trace on: the traced kernels are compiled variants of their own
         # (TRACE=True); compiled inside the recorded call, gemm_rs's second launch would
-        # start a second after its first. Two calls: Triton specializes an integer
-        # argument equal to 1, so the first call on new buffers (epoch 1) compiles a
-        # variant of its own and the second the general one (at 86348d5, with one
-        # warm-up call, the recorded gemm_rs call compiled it between its launches)
+        # start a second after its first. Two calls: at 86348d5 Triton specialized the
+        # epoch argument when it was 1, so the first call on new buffers compiled a
+        # variant of its own and the recorded call the general one, between its
+        # launches. The fused kernels now say do_not_specialize=["epoch"]; the second
+        # warm-up call stays as a guard for the chunk index, which is 1 for W=2
         commlab.trace.start()
         fn(a, b, algorithm="fused")
         fn(a, b, algorithm="fused")
