@@ -271,8 +271,9 @@ def traced(comm) -> list[dict]:
         # start a second after its first. Two calls: at 86348d5 Triton specialized the
         # epoch argument when it was 1, so the first call on new buffers compiled a
         # variant of its own and the recorded call the general one, between its
-        # launches. The fused kernels now say do_not_specialize=["epoch"]; the second
-        # warm-up call stays as a guard for the chunk index, which is 1 for W=2
+        # launches. The fused kernels now say do_not_specialize=["epoch"], so one
+        # warm-up call would do; the second costs a few ms and keeps older traces
+        # comparable
         commlab.trace.start()
         fn(a, b, algorithm="fused")
         fn(a, b, algorithm="fused")
