@@ -283,7 +283,7 @@ def traced(comm) -> list[dict]:
         commlab.trace.start()
         # queued behind a device sleep, as the timed calls are: the timeline shows the
         # GPU's time, not gaps where it waited for the host to launch the next kernel
-        # (traced, gemm_rs's own-chunk launch otherwise started 200-700 us after its
+        # (traced, gemm_rs's own-chunk launch otherwise started 147-773 us after its
         # first launch ended, bench/results/rs-variants-2xh200.json at 4f4708a)
         torch.cuda._sleep(QUEUE_SLEEP_CYCLES)
         fn(a, b, algorithm="fused")
