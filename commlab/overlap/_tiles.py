@@ -174,10 +174,12 @@ def tail_part(TAIL, KI, SPLIT):
 
 
 @triton.jit
-def tail_combine(ws_ptr, cnt_ptr, acc, j, TAIL, SPLIT, BM: tl.constexpr, BN: tl.constexpr):
+def tail_combine(ws_ptr, cnt_ptr, acc, j, TAIL, SPLIT, BM: tl.constexpr, BN: tl.constexpr,
+                 SEGMENT: tl.constexpr = True):
     """Combine tail tile ``j``, computed in SPLIT K parts by programs j, j + TAIL, ...
     (this one holds ``acc``, its part's fp32 sum). Returns (acc, done): done for exactly
-    one program, the last to arrive, whose acc is then the whole tile's sum.
+    one program, the last to arrive, whose acc is then the whole tile's sum. A whole
+    tile (SEGMENT False, a constexpr: no code) is done as it is.
 
     Each part goes to the workspace (``ws_ptr``: one [BM, BN] fp32 slot per program)
     and bumps the tile's arrival counter (``cnt_ptr``, int32, zero between launches: the
@@ -185,6 +187,8 @@ def tail_combine(ws_ptr, cnt_ptr, acc, j, TAIL, SPLIT, BM: tl.constexpr, BN: tl.
     the rounding does not depend on who came last. Memory order as in
     ``cl.notify``/``cl.wait``: stores, CTA barrier, release; acquire, CTA barrier, loads
     (from L2: ``.cg``)."""
+    if not SEGMENT:
+        return acc, True
     offs = tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]
     mine = tl.program_id(0).to(tl.int64) * (BM * BN)
     tl.store(ws_ptr + mine + offs, acc, cache_modifier=".cg")

@@ -111,10 +111,7 @@ def _ag_tile(
         row0 = src * ROWS
     acc = mma(rows_src, row0, ROWS, b_src, stride_bk, stride_bn, N, K, pid_m, pid_n,
               k_lo, k_hi, BM, BN, BK, EVEN_K, USE_TMA, B_TRANS)
-    if SEGMENT:
-        acc, done = tail_combine(ws_ptr, cnt_ptr, acc, j, TAIL, SPLIT, BM, BN)
-    else:
-        done = True
+    acc, done = tail_combine(ws_ptr, cnt_ptr, acc, j, TAIL, SPLIT, BM, BN, SEGMENT)
     if done:
         store_tile(out, src * ROWS, ROWS, N, pid_m, pid_n, acc, BM, BN, OUT_TMA)
     if TRACE:

@@ -110,10 +110,7 @@ def _rs_tile(
     # --- compute: our partial of tile (pid_m, pid_n) of chunk dst ---------------------
     acc = mma(a_src, dst * ROWS, ROWS, b_src, stride_bk, stride_bn, N, K, pid_m, pid_n,
               k_lo, k_hi, BM, BN, BK, EVEN_K, USE_TMA, B_TRANS)
-    if SEGMENT:
-        acc, done = tail_combine(ws_ptr, cnt_ptr, acc, j, TAIL, SPLIT, BM, BN)
-    else:
-        done = True
+    acc, done = tail_combine(ws_ptr, cnt_ptr, acc, j, TAIL, SPLIT, BM, BN, SEGMENT)
     if TRACE:
         stamp(trace_ptr, row, 1, tid)
     if done:
