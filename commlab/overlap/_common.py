@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from commlab.collectives._common import dtype_name
+from commlab.collectives._common import agree, dtype_name
 from commlab.runtime.communicator import Communicator
 from commlab.runtime.peer import peer_view
 from commlab.trace._recorder import RECORDER, Span
@@ -89,8 +89,6 @@ def agree_args(op: str, comm: Communicator, a, b, algorithm: str, *,
     """Check (a, b, algorithm) on this rank and agree on them with every rank: the same
     clear error everywhere, before anything launches, when any rank's arguments break a
     rule."""
-    from commlab.collectives._common import agree
-
     err = check_gemm_args(op, comm, a, b, algorithm, rows_divisible=rows_divisible)
     fields = {}
     if not err:

@@ -43,6 +43,8 @@ from __future__ import annotations
 
 import torch
 
+from commlab import trace
+from commlab.overlap._common import refuse_capture
 from commlab.runtime.communicator import Communicator
 
 # op -> smallest measured M (total rows) from which "fused" beat "sequential" on 2xH200
@@ -64,9 +66,6 @@ def run(op: str, comm: Communicator, a: torch.Tensor, b: torch.Tensor, algorithm
     """The public ops' common path once their arguments are agreed: pick the algorithm,
     run ``sequential(comm, a, b)`` or ``fused(comm, a, b)`` (inside a trace span of
     ``nbytes`` communicated, its tile spans decoded after it)."""
-    from commlab import trace
-    from commlab.overlap._common import refuse_capture
-
     algo = choose(op, comm, m, b.shape[1], a.shape[1]) if algorithm == "auto" else algorithm
     if algo == "sequential":  # (its collective records its own span)
         return sequential(comm, a, b)

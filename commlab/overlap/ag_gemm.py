@@ -40,6 +40,7 @@ import commlab.language as cl
 from commlab import trace
 from commlab.collectives._common import comm_or_raise, launch_for
 from commlab.overlap import _common as oc
+from commlab.overlap._dispatch import run
 from commlab.overlap._tiles import grouped_tile, mma, stamp, store_tile, tail_combine, tail_part
 
 
@@ -246,8 +247,6 @@ def ag_gemm(a: torch.Tensor, b: torch.Tensor, *, algorithm: str = "auto") -> tor
 
     algorithm: "fused" (overlapped Triton kernel), "sequential" (gather, then matmul),
     or "auto" (the measured rule in ``commlab.overlap._dispatch``)."""
-    from commlab.overlap._dispatch import run
-
     comm = comm_or_raise()
     oc.agree_args("ag_gemm", comm, a, b, algorithm, rows_divisible=False)
     nbytes = (comm.world_size - 1) * a.numel() * a.element_size()

@@ -62,6 +62,7 @@ import commlab.language as cl
 from commlab import trace
 from commlab.collectives._common import comm_or_raise
 from commlab.overlap import _common as oc
+from commlab.overlap._dispatch import run
 from commlab.overlap._tiles import grouped_tile, mma, stamp, store_tile, tail_combine, tail_part
 
 
@@ -320,8 +321,6 @@ def gemm_rs(a: torch.Tensor, b: torch.Tensor, *, algorithm: str = "auto") -> tor
 
     algorithm: "fused" (overlapped Triton kernel), "sequential" (matmul, then
     reduce-scatter), or "auto" (the measured rule in ``commlab.overlap._dispatch``)."""
-    from commlab.overlap._dispatch import run
-
     comm = comm_or_raise()
     oc.agree_args("gemm_rs", comm, a, b, algorithm, rows_divisible=True)
     nbytes = (comm.world_size - 1) * (a.shape[0] // comm.world_size) * b.shape[1] * a.element_size()
