@@ -18,8 +18,8 @@ call's own host gaps inside its event pair)? Per round, for a few shapes:
 Writes DIR/timing-regimes.json.
 
 What it found at b0805c5 (bench/results/timing-regimes-2xh200.json, 3 rounds, 4 impls):
-- ag_gemm 8B M=16384: interleaved, every impl slowed alike (cuBLAS 2436-2639 ->
-  2761-2817 us), the SM clock at 1582-1631 MHz over the window against 1662-1965 MHz in
+- ag_gemm 8B M=16384: interleaved, every impl slowed (cuBLAS 2436-2639 -> 2761-2817
+  us, fused 2537-2645 -> 2826-2863, the NCCL all-gather 296-304 -> 384-431), the SM clock at 1582-1631 MHz over the window against 1662-1965 MHz in
   the per-impl windows, the board at 591-618 W once warm. Kept busy for seconds the GPU
   runs at its power limit and a lower clock; a window per impl starts each impl after
   an idle moment, at a clock that differs from window to window: the spread of the 70B
