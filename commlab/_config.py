@@ -1,0 +1,120 @@
+"""Every ``COMMLAB_*`` environment variable, in one table.
+
+Code reads configuration only through :func:`get` (or :func:`raw`), so this table is the
+whole list; ``tests/test_config.py`` fails when a ``COMMLAB_`` name appears in the
+source without a row here, and README's configuration table is generated from it
+(``python -m commlab._config``). Values are read when asked for, so a test or a notebook
+may set a variable before the first use.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from commlab.errors import CommlabUsageError
+
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20,
+          "MB": 1 << 20, "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
+
+
+def parse_size(value: str | int) -> int:
+    """``"256MiB"``, ``"64K"``, ``"1048576"`` -> bytes (binary units)."""
+    if isinstance(value, int):
+        return value
+    text = str(value).strip().upper().replace(" ", "")
+    digits = text.rstrip("KMGIB")
+    unit = text[len(digits):]
+    if not digits or unit not in _UNITS:
+        raise ValueError(f"not a size: {value!r}; write e.g. 256MiB, 64KiB or 1048576")
+    return int(float(digits) * _UNITS[unit])
+
+
+def _flag(value: str) -> bool:
+    return value.strip().lower() not in ("0", "false", "off", "no", "")
+
+
+@dataclass(frozen=True)
+class Var:
+    """One environment variable: its default, how it is parsed, what it does."""
+
+    name: str
+    default: str | None
+    parse: Callable[[str], Any]
+    doc: str
+    where: str  # the module that reads it
+
+
+VARS: dict[str, Var] = {v.name: v for v in (
+    Var("COMMLAB_BACKEND", "auto", str.lower,
+        "`auto`, `cpu` or `cuda`, read at `import commlab`: `cpu` (or no GPU) turns Triton's "
+        "interpreter on; `commlab.init(backend=...)` must agree with it", "commlab._interpreter"),
+    Var("COMMLAB_TIMEOUT", "300", float,
+        "seconds a collective waits for the other ranks before `CollectiveTimeoutError` "
+        "(`init(timeout=)` overrides)", "commlab.runtime"),
+    Var("COMMLAB_HEAP_SIZE", None, parse_size,
+        "symmetric heap per rank; default 64MiB on cpu, 6GiB on cuda (`init(heap_size=)` "
+        "overrides)", "commlab.runtime"),
+    Var("COMMLAB_SCRATCH_SIZE", None, parse_size,
+        "the heap's scratch region (collectives' inboxes); default 16MiB on cpu, 4GiB on "
+        "cuda, at most half the heap (`init(scratch_size=)` overrides)", "commlab.runtime"),
+    Var("COMMLAB_FAST_LAUNCH", "1", _flag,
+        "`0` turns the cached launch plans off (every call goes through `kernel[grid]`)",
+        "commlab.collectives"),
+    Var("COMMLAB_ROUNDS", None, int,
+        "forces the pipeline depth of the collectives (tests use it to exercise the "
+        "pipeline on small CPU messages)", "commlab.collectives"),
+    Var("COMMLAB_TUNING_DIR", None, str,
+        "folder of measured tuning tables (default `~/.cache/commlab/tuning`)",
+        "commlab.tuning"),
+    Var("COMMLAB_HANG_GRACE", "5", float,
+        "seconds `%%distributed` waits for ranks still in a collective after others "
+        "finished before it reports a hang (`--grace` overrides)", "commlab.engine"),
+    Var("COMMLAB_INTERPRETER_FASTMEM", "1", _flag,
+        "`0` turns off commlab's faster loads/stores under Triton's interpreter",
+        "commlab._interpreter"),
+    Var("COMMLAB_INTERPRETER_FASTCALL", "1", _flag,
+        "`0` turns off commlab's faster kernel launch under Triton's interpreter",
+        "commlab._interpreter"),
+    Var("COMMLAB_COMMIT", None, str,
+        "commit recorded in benchmark results where the checkout has no `.git`",
+        "commlab.bench"),
+    Var("COMMLAB_TEST_SEED", None, int,
+        "replays a test's random data (each test prints its seed on failure)", "tests"),
+    Var("COMMLAB_NOTEBOOK_BACKEND", "cpu", str,
+        "the backend the teaching notebooks start their worlds on (`cuda` on a GPU machine)",
+        "notebooks"),
+)}
+
+
+def raw(name: str) -> str | None:
+    """The variable's text as set, else its default (None when it has none)."""
+    if name not in VARS:
+        raise KeyError(f"{name} is not a commlab setting; add it to commlab/_config.py's table")
+    return os.environ.get(name, VARS[name].default)
+
+
+def get(name: str) -> Any:
+    """The variable parsed (None when unset without a default); bad text is a usage error."""
+    text = raw(name)
+    if text is None:
+        return None
+    try:
+        return VARS[name].parse(text)
+    except ValueError as e:
+        raise CommlabUsageError(f"{name}={text!r} cannot be read: {e}; {VARS[name].doc}") from None
+
+
+def table() -> str:
+    """The settings as a Markdown table (README's configuration section)."""
+    rows = ["| variable | default | what it does |", "| --- | --- | --- |"]
+    for v in VARS.values():
+        rows.append(f"| `{v.name}` | {f'`{v.default}`' if v.default is not None else '—'} "
+                    f"| {v.doc} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(table())
