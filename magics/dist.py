@@ -41,14 +41,14 @@ def _show_trace(spans: list[dict]) -> None:
     try:
         from commlab.widgets import show_timeline
     except ImportError:
-        print(trace_summary(spans))
+        print(_trace_summary(spans))
         return
     from IPython.display import display
 
     display(show_timeline(spans))
 
 
-def trace_summary(spans: list[dict]) -> str:
+def _trace_summary(spans: list[dict]) -> str:
     if not spans:
         return "trace: no spans recorded (commlab's collectives record 'comm' spans)"
     per: dict = defaultdict(lambda: defaultdict(lambda: [0, 0.0]))

@@ -126,6 +126,6 @@ RANK = textwrap.dedent("""
 
 def test_a_rank_never_imports_ipython(tmp_path):
     env = dict(os.environ, COMMLAB_BACKEND="cpu")
-    out = subprocess.run([sys.executable, "-c", RANK, str(tmp_path / "stacks.txt")], cwd=tmp_path, capture_output=True,
-                         text=True, timeout=300, env=env)
+    out = subprocess.run([sys.executable, "-c", RANK, str(tmp_path / "stacks.txt")],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]

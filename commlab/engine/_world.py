@@ -144,7 +144,7 @@ class World:
         pids = [ri.pid for ri in self.ranks] + self._launcher_pids()
         if self.client is not None and self.ranks and not self.broken:
             try:  # close the communicators first: engines then exit promptly
-                        wait_all(self, [self.client[ri.eid].apply_async(_worker.leave)
+                wait_all(self, [self.client[ri.eid].apply_async(_worker.leave)
                                 for ri in self.ranks], what="leaving the world", limit=10)
             except Exception:
                 pass
