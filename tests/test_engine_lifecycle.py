@@ -97,3 +97,12 @@ def test_workers_exit_when_the_notebook_kernel_dies(tmp_path):
         time.sleep(0.2)
     assert alive(pids) == [], "orphaned engines or controller stayed alive"
     assert shm_leftovers() == []
+
+
+def test_restart_before_any_start_says_how_to_start():
+    script = ("from commlab.engine import restart_world\n"
+              "try:\n    restart_world()\nexcept Exception as e:\n    print(type(e).__name__, e)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120)
+    assert "CommlabUsageError no world was started here: run %dist_start -n N first" in \
+        out.stdout, out.stderr[-2000:]

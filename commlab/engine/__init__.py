@@ -1,6 +1,6 @@
 """The notebook engine: a world of ranks as ipyparallel engines, driven by the magics.
 
-    from commlab.engine import start_world, current_world
+    from commlab.engine import current_world, restart_world, start_world, stop_world
     w = start_world(4, backend="cpu")           # what %dist_start -n 4 does
     w.apply(lambda: __import__("commlab").get_communicator().rank)   # [0, 1, 2, 3]
     w.run_cell("print(rank)")                   # what %%distributed does
