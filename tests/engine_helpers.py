@@ -30,7 +30,7 @@ def magic(ip, name: str, line: str = ""):
 
 def world_pids(w) -> list[int]:
     """Every process of a world: engines and the ipyparallel controller."""
-    return sorted(set([ri.pid for ri in w.ranks] + w._launcher_pids()))
+    return w.pids()
 
 
 def alive(pids) -> list[int]:

@@ -10,7 +10,7 @@ import time
 import pytest
 from IPython.core.error import UsageError
 
-from commlab.engine import HangError, RankDiedError, current_world
+from commlab.engine import HangError, RankDiedError, current_world, stop_world, world_or_none
 from tests.engine_helpers import alive, cell, magic, shell, shm_leftovers, world_pids
 
 
@@ -18,10 +18,7 @@ from tests.engine_helpers import alive, cell, magic, shell, shm_leftovers, world
 def ip():
     ip = shell()
     yield ip
-    from commlab.engine import _world
-
-    if _world._CURRENT is not None:
-        _world._CURRENT.stop()
+    stop_world()
 
 
 def sums(ip) -> str:
@@ -73,9 +70,7 @@ def test_resize_grows_and_shrinks_keeping_survivors_namespaces(ip):
 
 
 def test_stop_leaves_no_process_and_no_shared_memory(ip):
-    from commlab.engine import _world
-
-    if _world._CURRENT is None:  # run alone: start the world the earlier tests left
+    if world_or_none() is None:  # run alone: start the world the earlier tests left
         magic(ip, "dist_start", "-n 2 --backend cpu")
     pids = world_pids(current_world())
     assert len(alive(pids)) > 3  # two engines, the controller and its schedulers
@@ -90,7 +85,7 @@ def test_workers_exit_when_the_notebook_kernel_dies(tmp_path):
         import os, sys
         from commlab.engine import start_world
         w = start_world(2, backend="cpu")
-        print(*([ri.pid for ri in w.ranks] + w._launcher_pids()), flush=True)
+        print(*w.pids(), flush=True)
         os._exit(1)
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
@@ -102,3 +97,12 @@ def test_workers_exit_when_the_notebook_kernel_dies(tmp_path):
         time.sleep(0.2)
     assert alive(pids) == [], "orphaned engines or controller stayed alive"
     assert shm_leftovers() == []
+
+
+def test_restart_before_any_start_says_how_to_start():
+    script = ("from commlab.engine import restart_world\n"
+              "try:\n    restart_world()\nexcept Exception as e:\n    print(type(e).__name__, e)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120)
+    assert "CommlabUsageError no world was started here: run %dist_start -n N first" in \
+        out.stdout, out.stderr[-2000:]

@@ -268,3 +268,15 @@ def test_control_traffic_is_loopback_and_authenticated(ip):
         time.sleep(0.05)
     assert w.relay.rejected == before + 1
     assert w.relay.host == "127.0.0.1"
+
+
+def test_trace_summary_without_the_widget_counts_spans_per_rank_and_name():
+    from commlab.magics.dist import _trace_summary
+
+    spans = [{"rank": r, "kind": "comm", "name": "all_reduce", "start_us": 0.0, "end_us": 5.0}
+             for r in (0, 1, 1)]
+    text = _trace_summary(spans)
+    assert "trace: 3 spans" in text
+    assert "rank 0: all_reduce [comm] x1 5 us" in text
+    assert "rank 1: all_reduce [comm] x2 10 us" in text
+    assert "no spans recorded" in _trace_summary([])

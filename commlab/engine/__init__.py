@@ -1,14 +1,25 @@
 """The notebook engine: a world of ranks as ipyparallel engines, driven by the magics.
 
-    from commlab.engine import start_world, current_world
+    from commlab.engine import current_world, restart_world, start_world, stop_world
     w = start_world(4, backend="cpu")           # what %dist_start -n 4 does
     w.apply(lambda: __import__("commlab").get_communicator().rank)   # [0, 1, 2, 3]
     w.run_cell("print(rank)")                   # what %%distributed does
-    w.stop()
+    w.push({"lr": 0.1}); w.pull("lr")           # %dist_push lr, %dist_pull lr -> [0.1, ...]
+    restart_world(); stop_world()               # %dist_restart, %dist_stop
+
+This is the engine's whole public surface; the magics use nothing else.
 """
 
 from commlab.engine._report import DistributedError, HangError, RankDiedError
-from commlab.engine._world import World, current_world, start_world
+from commlab.engine._world import (
+    RankInfo,
+    World,
+    current_world,
+    restart_world,
+    start_world,
+    stop_world,
+    world_or_none,
+)
 
-__all__ = ["DistributedError", "HangError", "RankDiedError", "World", "current_world",
-           "start_world"]
+__all__ = ["DistributedError", "HangError", "RankDiedError", "RankInfo", "World",
+           "current_world", "restart_world", "start_world", "stop_world", "world_or_none"]

@@ -15,7 +15,9 @@ import signal
 import sys
 import time
 
+from commlab.engine import _worker
 from commlab.engine._output import OutputMerger
+from commlab.engine._pids import alive
 from commlab.engine._report import (
     DistributedError,
     HangError,
@@ -114,9 +116,7 @@ class CellRun:
             self._recover(others)
 
     def _check_alive(self, running: set[int]) -> None:
-        from commlab.engine._world import _alive
-
-        dead = [r for r in sorted(running) if not _alive(self.pid[r])]
+        dead = [r for r in sorted(running) if not alive(self.pid[r])]
         if not dead:
             return
         time.sleep(0.2)  # let the launcher reap them: exit codes
@@ -178,8 +178,6 @@ class CellRun:
 
     def _recover(self, blocked: list[int]) -> str:
         """Interrupt ``blocked``; restart those that do not stop; recover the world."""
-        from commlab.engine import _worker
-
         self.world.signal(blocked, signal.SIGINT)
         stuck = self._settle(blocked, INTERRUPT_WAIT_S)
         if stuck:

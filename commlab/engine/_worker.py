@@ -1,7 +1,8 @@
 """What runs inside each engine (rank): joining the world, stack dumps, tracing, recovery.
 
 These functions are sent to the engines by the client (``commlab.engine._world``); they
-only need commlab and the standard library, never IPython's client side.
+need commlab, torch and triton; they reach the engine's IPython shell only where the
+engine already imported IPython (``_shell``): this module never imports it.
 """
 
 from __future__ import annotations
@@ -10,6 +11,15 @@ import faulthandler
 import os
 import signal
 import sys
+import threading
+
+import torch
+import triton
+import triton.language as tl
+
+import commlab
+import commlab.language as cl
+from commlab.engine import _debugger
 
 _STACK_FILE = None  # kept open: faulthandler writes to its descriptor from a signal handler
 
@@ -31,10 +41,7 @@ def join(rank: int, world_size: int, port: int, backend: str, device: int,
         if ip is not None:  # re-armed before every cell: see _arm_stack_dump
             ip.events.register("pre_run_cell", _arm_stack_dump)
     if relay is not None:
-        from commlab.engine import _debugger
-
         _debugger.install(rank, *relay)
-    import commlab
     comm = commlab.init(backend=backend, timeout=timeout)
     _arm_stack_dump()
     _set_user_names(comm)
@@ -58,8 +65,6 @@ def _start_dump_watcher(fifo: str) -> None:
     dump back (on our 2xH200 CUDA worlds it never did, even for a rank in time.sleep);
     it needs the rank's main thread to let go of the GIL, which sleeping, waiting at a
     commlab agreement or on the GPU all do."""
-    import threading
-
     try:
         os.mkfifo(fifo, 0o600)
     except FileExistsError:
@@ -83,49 +88,33 @@ def _set_user_names(comm) -> None:
     ip = _shell()
     if ip is None:
         return
-    import torch
-    import triton
-    import triton.language as tl
-
-    import commlab
-    import commlab.language as cl
-
     ip.user_ns.update(commlab=commlab, torch=torch, triton=triton, tl=tl, cl=cl, comm=comm,
                       rank=comm.rank, world_size=comm.world_size)
 
 
 def _shell():
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return None
-    return get_ipython()
+    """The engine's IPython shell; None in a process that has not imported IPython (this
+    module never imports it: a rank outside an ipyparallel engine stays without it)."""
+    ipython = sys.modules.get("IPython")
+    return ipython.get_ipython() if ipython is not None else None
 
 
 def leave() -> int:
     """Close this rank's communicator (before a resize re-joins with a new world)."""
-    import commlab
-
     commlab.finalize()
     return os.getpid()
 
 
 def recover() -> None:
     """All ranks call this after an interrupted collective (Ctrl-C, hang report)."""
-    import commlab
-
     commlab.get_communicator().recover()
 
 
 def trace_start() -> None:
-    import commlab
-
     commlab.trace.start()
 
 
 def trace_stop() -> list[dict]:
-    import commlab
-
     spans = [s.to_dict() for s in commlab.trace.stop()]
     rank = commlab.get_communicator().rank
     for s in spans:

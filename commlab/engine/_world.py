@@ -14,6 +14,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -22,11 +23,14 @@ from dataclasses import dataclass
 import psutil
 
 from commlab.engine import _worker
+from commlab.engine._pids import alive, end_pids
 from commlab.engine._relay import Relay
 from commlab.engine._report import ranks_str
+from commlab.engine._wait import CellRun, wait_all
 from commlab.errors import CommlabUsageError
 
 _CURRENT: World | None = None
+_LAST: dict = {}  # start_world's arguments (n follows resizes), for restart_world
 
 
 @dataclass
@@ -38,8 +42,6 @@ class RankInfo:
 
 
 def _free_port() -> int:
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -127,8 +129,6 @@ class World:
             ars.append(self.client[eid].apply_async(
                 _worker.join, r, n, port, self.requested_backend, dev, self.relay.address,
                 os.path.join(self.stack_dir, f"engine-{eid}.txt"), self.timeout))
-        from commlab.engine._wait import wait_all
-
         infos = wait_all(self, ars, what="joining the world", limit=180)
         self.ranks = [RankInfo(i["rank"], eid, i["pid"], i["device"])
                       for i, eid in zip(infos, eids, strict=True)]
@@ -144,15 +144,13 @@ class World:
         pids = [ri.pid for ri in self.ranks] + self._launcher_pids()
         if self.client is not None and self.ranks and not self.broken:
             try:  # close the communicators first: engines then exit promptly
-                from commlab.engine._wait import wait_all
-
                 wait_all(self, [self.client[ri.eid].apply_async(_worker.leave)
                                 for ri in self.ranks], what="leaving the world", limit=10)
             except Exception:
                 pass
         # ipyparallel's engines take seconds to stop on SIGTERM; their state is already
         # closed (and the heap's shm unlinked at init), so end them by pid at once
-        _end_pids([ri.pid for ri in self.ranks], grace=0.0)
+        end_pids([ri.pid for ri in self.ranks], grace=0.0)
         if self.cluster is not None:
             try:
                 self.cluster.stop_cluster_sync()
@@ -163,7 +161,7 @@ class World:
                 self.client.close()
             except Exception:
                 pass
-        _end_pids(pids)
+        end_pids(pids)
         if self.relay is not None:
             self.relay.close()
         if self.stack_dir:
@@ -174,6 +172,11 @@ class World:
             pass
         if _CURRENT is self:
             _CURRENT = None
+
+    def pids(self) -> list[int]:
+        """Every process of this world: the ranks' engines, the controller and its
+        schedulers."""
+        return sorted(set([ri.pid for ri in self.ranks] + self._launcher_pids()))
 
     def _launcher_pids(self) -> list[int]:
         """The controller, its scheduler processes, and every engine we launched."""
@@ -203,10 +206,10 @@ class World:
         self.check_usable()
         keep = self.ranks[:n]
         self._rebuild(keep, drop=self.ranks[n:], add=max(0, n - self.size))
+        if _CURRENT is self and _LAST:
+            _LAST["n"] = self.size
 
     def _rebuild(self, keep: list[RankInfo], drop: list[RankInfo], add: int) -> None:
-        from commlab.engine._wait import wait_all
-
         if keep:
             wait_all(self, [self.client[ri.eid].apply_async(_worker.leave) for ri in keep],
                      what="leaving the old world", limit=60)
@@ -221,16 +224,14 @@ class World:
             self.client.shutdown(targets=[ri.eid for ri in ranks], block=False)
         except Exception:
             pass
-        _end_pids([ri.pid for ri in ranks], grace=3.0)
+        end_pids([ri.pid for ri in ranks], grace=3.0)
 
     def replace(self, stuck: list[int]) -> None:
         """Kill ranks ``stuck`` (by pid) and start fresh engines in their place; every
         rank re-joins a new communicator (the replaced ranks' namespaces are lost)."""
         by_rank = {ri.rank: ri for ri in self.ranks}
-        _end_pids([by_rank[r].pid for r in stuck], grace=0.0)
+        end_pids([by_rank[r].pid for r in stuck], grace=0.0)
         survivors = [ri for ri in self.ranks if ri.rank not in stuck]
-        from commlab.engine._wait import wait_all
-
         if survivors:
             wait_all(self, [self.client[ri.eid].apply_async(_worker.leave)
                             for ri in survivors], what="leaving the old world", limit=60)
@@ -264,19 +265,17 @@ class World:
     def apply(self, fn, *args, **kwargs) -> list:
         """Run ``fn(*args, **kwargs)`` on every rank; results in rank order. Blocks; raises
         a grouped ``DistributedError`` if any rank fails."""
-        from commlab.engine._wait import CellRun
-
         self.check_usable()
         eids = [ri.eid for ri in self.ranks]
         ar = self.client.direct_view(eids).apply_async(fn, *args, **kwargs)
         return CellRun(self, ar, self.ranks).wait()
 
     def run_cell(self, code: str, ranks: list[int] | None = None, timeout: float | None = None,
-                 grace: float | None = None, trace: bool = False) -> None:
+                 grace: float | None = None, trace: bool = False) -> list[dict] | None:
         """Run cell source on ``ranks`` through each engine's IPython shell (so the source
-        is registered in linecache: ``@triton.jit`` works on functions defined in it)."""
-        from commlab.engine._wait import CellRun
-
+        is registered in linecache: ``@triton.jit`` works on functions defined in it).
+        With ``trace``, return the ``commlab.trace`` spans every rank recorded during the
+        cell (dicts with ``rank``; ``commlab.widgets.show_timeline`` draws them)."""
         self.check_usable()
         infos = self.targets(ranks)
         view = self.client.direct_view([ri.eid for ri in infos])
@@ -285,9 +284,23 @@ class World:
         ar = view.execute(code, silent=False, block=False)
         CellRun(self, ar, infos, timeout=timeout, grace=grace, code=code).wait()
         if trace:
-            from commlab.engine._trace import show
+            return [s for spans in view.apply_sync(_worker.trace_stop) for s in spans]
+        return None
 
-            show([s for spans in view.apply_sync(_worker.trace_stop) for s in spans])
+    def push(self, values: dict, ranks: list[int] | None = None) -> None:
+        """Define ``values`` (name -> object, pickled) in the namespace of every rank, or
+        of ``ranks``."""
+        self.check_usable()
+        eids = [ri.eid for ri in self.targets(ranks)]
+        self.client.direct_view(eids).push(dict(values), block=True)
+
+    def pull(self, name: str, rank: int | None = None):
+        """The value of ``name`` on every rank (a list in rank order), or on ``rank``."""
+        self.check_usable()
+        infos = self.targets(None if rank is None else [rank])
+        vals = wait_all(self, [self.client[ri.eid].apply_async(_worker.pull, name)
+                               for ri in infos], what=f"pulling {name}", limit=120)
+        return vals[0] if rank is not None else vals
 
     def signal(self, ranks: list[int], sig: int) -> None:
         """Send ``sig`` to the engines of ``ranks``, by pid (our own child processes)."""
@@ -345,12 +358,12 @@ class World:
         lines = [f"world of {self.size} ranks, backend {self.backend}"
                  + (f"  [BROKEN: {self.broken}]" if self.broken else "")]
         for ri in self.ranks:
-            alive = _alive(ri.pid)
-            busy = bool(self.client.queue_status(targets=ri.eid).get("queue", 0)) if alive \
+            up = alive(ri.pid)
+            busy = bool(self.client.queue_status(targets=ri.eid).get("queue", 0)) if up \
                 else False
-            mem = psutil.Process(ri.pid).memory_info().rss / 2**20 if alive else 0
+            mem = psutil.Process(ri.pid).memory_info().rss / 2**20 if up else 0
             lines.append(f"  rank {ri.rank}: engine {ri.eid}, pid {ri.pid}, {ri.device}, "
-                         f"{'alive' if alive else 'DEAD'}{', busy' if busy else ''}, "
+                         f"{'alive' if up else 'DEAD'}{', busy' if busy else ''}, "
                          f"{mem:.0f} MiB")
         return "\n".join(lines)
 
@@ -401,41 +414,16 @@ def _settled(path: str, text: str) -> bool:
     return open(path).read() == text
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def _end_pids(pids: list[int], grace: float = 3.0) -> None:
-    """SIGTERM, then SIGKILL after ``grace`` s, each pid of ours that is still alive."""
-    live = [p for p in set(pids) if p and _alive(p)]
-    for p in live:
-        try:
-            os.kill(p, signal.SIGTERM if grace else signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    deadline = time.monotonic() + grace
-    while live and time.monotonic() < deadline:
-        live = [p for p in live if _alive(p)]
-        time.sleep(0.05)
-    for p in live:
-        try:
-            os.kill(p, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    deadline = time.monotonic() + 5
-    while live and time.monotonic() < deadline:
-        live = [p for p in live if _alive(p)]
-        time.sleep(0.05)
-
-
 def current_world() -> World:
     """The running world; raises a clear error when there is none."""
     if _CURRENT is None or _CURRENT.closed:
         raise CommlabUsageError("no world: run %dist_start -n N first")
     return _CURRENT
+
+
+def world_or_none() -> World | None:
+    """The running world, or None (for code that works with or without one)."""
+    return None if _CURRENT is None or _CURRENT.closed else _CURRENT
 
 
 def start_world(n: int, backend: str = "auto", devices: list[int] | None = None,
@@ -446,4 +434,26 @@ def start_world(n: int, backend: str = "auto", devices: list[int] | None = None,
         _CURRENT.stop()
     w = World(n, backend, devices, timeout).start()
     _CURRENT = w
+    _LAST.clear()
+    _LAST.update(n=n, backend=backend, devices=devices, timeout=timeout)
     return w
+
+
+def stop_world() -> int:
+    """Stop the running world, if any (every process ends); returns how many ranks it had."""
+    if _CURRENT is None:
+        return 0
+    n = _CURRENT.size
+    _CURRENT.stop()
+    return n
+
+
+def restart_world() -> World:
+    """Stop the world (if one runs) and start a fresh one like the last ``start_world``,
+    with the world's current size (after a resize). Every rank's variables are lost."""
+    if not _LAST:
+        raise CommlabUsageError("no world was started here: run %dist_start -n N first")
+    last = dict(_LAST)
+    if _CURRENT is not None:
+        last["n"] = _CURRENT.size or last["n"]
+    return start_world(**last)

@@ -13,8 +13,11 @@ from __future__ import annotations
 import json
 from importlib import resources
 
+from commlab.topology._bench_result import LinkBenchResult
 from commlab.topology._matrix import LEGEND, format_matrix, topo_matrix
 from commlab.topology._model import Edge, Link, Node, Topology
+from commlab.topology._nvml import available as nvml_available
+from commlab.topology._remote import bench_and_info, call_with_comm, probe, probe_with_queue
 from commlab.topology._world import rank_info, world_topology
 from commlab.topology.routes import ROUTES, Route, route
 
@@ -76,6 +79,7 @@ def fingerprint(topology: Topology) -> str:
     return hashlib.sha1("|".join(sig).encode()).hexdigest()[:12]
 
 
-__all__ = ["Edge", "LEGEND", "Link", "Node", "ROUTES", "Route", "Topology", "discover",
-           "fingerprint", "format_matrix", "rank_info", "route", "sample", "samples",
-           "topo_matrix", "world_topology"]
+__all__ = ["Edge", "LEGEND", "Link", "LinkBenchResult", "Node", "ROUTES", "Route", "Topology",
+           "bench_and_info", "call_with_comm", "discover", "fingerprint", "format_matrix",
+           "nvml_available", "probe", "probe_with_queue", "rank_info", "route", "sample",
+           "samples", "topo_matrix", "world_topology"]

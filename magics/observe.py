@@ -21,8 +21,9 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from commlab.magics._args import usage_errors
 from commlab.topology.routes import ROUTES
+
+from ._args import usage_errors
 
 LAST: dict = {}  # the last topology / linkbench result, for reuse from code
 _SAMPLER = None
@@ -55,11 +56,10 @@ _usage = usage_errors
 
 def _world_or_none():
     try:
-        from commlab.engine import _world
-    except ImportError:
+        from commlab.engine import world_or_none
+    except ImportError:  # the notebook extras (ipyparallel, psutil) are not installed
         return None
-    w = _world._CURRENT
-    return w if w is not None and not w.closed else None
+    return world_or_none()
 
 
 def _spawn_world(fn, n: int, args: tuple, progress_total: int | None = None, desc: str = ""):
@@ -164,21 +164,17 @@ class ObserveMagics(Magics):
             return T.sample(args.sample)
         world = None if args.local else _world_or_none()
         if world is not None:
-            from commlab.topology._remote import call_with_comm, probe
-
-            outs = world.apply(call_with_comm, probe)
+            outs = world.apply(T.call_with_comm, T.probe)
             return _world_topo(outs)
         if args.n:
-            from commlab.topology._remote import probe_with_queue
-
-            return _world_topo(_spawn_world(probe_with_queue, args.n, ()))
+            return _world_topo(_spawn_world(T.probe_with_queue, args.n, ()))
         return T.discover()
 
     def _live(self, topo, explorer):
         global _SAMPLER
-        from commlab.topology import _nvml
+        from commlab.topology import nvml_available
 
-        if not _nvml.available():
+        if not nvml_available():
             raise UsageError("--live needs NVIDIA GPUs and NVML (nvidia-ml-py); this machine "
                              "has none. Explore recorded traffic-free topologies with --sample")
         from commlab.topology.nvlink_counters import NvlinkSampler
@@ -206,7 +202,7 @@ class ObserveMagics(Magics):
             In [1]: %dist_start -n 2
             In [2]: %linkbench --sizes 4K,64K,1M
         """
-        from commlab.topology._bench_result import LinkBenchResult
+        from commlab.topology import LinkBenchResult
         from commlab.widgets import LinkBenchView
 
         args = parse_argstring(self.linkbench, line)
@@ -233,8 +229,7 @@ class ObserveMagics(Magics):
         if not n:
             raise UsageError("no world is running: start one with %dist_start -n 2, or pass "
                              "-n 2 to measure on a temporary CPU world")
-        from commlab.topology._bench_result import LinkBenchResult
-        from commlab.topology._remote import bench_and_info
+        from commlab.topology import LinkBenchResult, bench_and_info
 
         k = len(sizes) if sizes else 5
         outs = _spawn_world(bench_and_info, n, (sizes, iters, methods),
@@ -243,8 +238,7 @@ class ObserveMagics(Magics):
 
 
 def _world_topo(outs):
-    from commlab.topology import world_topology
-    from commlab.topology._bench_result import LinkBenchResult
+    from commlab.topology import LinkBenchResult, world_topology
 
     infos = [o["info"] for o in outs]
     bench = None
@@ -257,9 +251,7 @@ def _measure_on_world(world, sizes, iters, methods):
     """One ``apply`` per size, so the client's bar moves as sizes finish."""
     from tqdm.auto import tqdm
 
-    from commlab.topology import rank_info, world_topology
-    from commlab.topology._bench_result import LinkBenchResult
-    from commlab.topology._remote import call_with_comm
+    from commlab.topology import LinkBenchResult, call_with_comm, rank_info, world_topology
     from commlab.topology.linkbench import CPU_SIZES, GPU_SIZES, rank_run
 
     infos = world.apply(call_with_comm, rank_info)

@@ -17,7 +17,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from commlab.magics._args import usage_errors
+from ._args import usage_errors
 
 LAST: dict = {}
 
@@ -58,7 +58,6 @@ class BenchMagics(Magics):
     def commbench(self, line):
         """Verify and time collectives on the running world; draw latency and busbw."""
         from commlab import bench
-        from commlab.bench._records import size_range
 
         args = parse_argstring(self.commbench, line)
         ops = list(bench.OPS) if args.ops == "all" else [o.strip() for o in args.ops.split(",")]
@@ -74,7 +73,7 @@ class BenchMagics(Magics):
 
         world = current_world()
         sizes = ([bench.parse_size(s) for s in args.sizes.split(",")] if args.sizes
-                 else size_range(args.min, args.max, 4))
+                 else bench.size_range(args.min, args.max, 4))
         modes = ("eager", "graph") if args.mode == "both" else (args.mode,)
         kwargs = {"ops": ops, "sizes": sizes, "dtype": args.dtype, "modes": modes,
                   "iters": args.iters,

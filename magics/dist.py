@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import functools
 import time
+from collections import defaultdict
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from commlab.errors import CommlabUsageError
-from commlab.magics._args import GRACE, RANK, RANKS, TIMEOUT, rank_list
+
+from ._args import GRACE, RANK, RANKS, TIMEOUT, rank_list
 
 
 def _usage(fn):
@@ -33,11 +35,38 @@ def _world():
     return current_world()
 
 
+def _show_trace(spans: list[dict]) -> None:
+    """The timeline widget (commlab.widgets.show_timeline) or, without the widget's
+    dependencies, a short text summary per rank."""
+    try:
+        from commlab.widgets import show_timeline
+    except ImportError:
+        print(_trace_summary(spans))
+        return
+    from IPython.display import display
+
+    display(show_timeline(spans))
+
+
+def _trace_summary(spans: list[dict]) -> str:
+    if not spans:
+        return "trace: no spans recorded (commlab's collectives record 'comm' spans)"
+    per: dict = defaultdict(lambda: defaultdict(lambda: [0, 0.0]))
+    for s in spans:
+        acc = per[s["rank"]][(s["kind"], s["name"])]
+        acc[0] += 1
+        acc[1] += s["end_us"] - s["start_us"]
+    lines = [f"trace: {len(spans)} spans (install the timeline widget for the picture)"]
+    for r in sorted(per):
+        items = ", ".join(f"{name} [{kind}] x{n} {us:.0f} us"
+                          for (kind, name), (n, us) in sorted(per[r].items()))
+        lines.append(f"  rank {r}: {items}")
+    return "\n".join(lines)
+
+
 @magics_class
 class DistMagics(Magics):
     """%dist_start and friends: a world of ranks, one ipyparallel engine each."""
-
-    _last: dict | None = None  # arguments of the last %dist_start, for %dist_restart
 
     @magic_arguments()
     @argument("-n", type=int, required=True, metavar="N", help="number of ranks")
@@ -66,18 +95,12 @@ class DistMagics(Magics):
         Engines run on this machine through ipyparallel's local launcher; its MPI, Slurm
         and SSH launchers are the way to go beyond one machine.
         """
-        args = parse_argstring(self.dist_start, line)
-        self._start(n=args.n, backend=args.backend, devices=args.devices)
-
-    def _start(self, **kw):
         from commlab.engine import start_world
 
+        args = parse_argstring(self.dist_start, line)
         t0 = time.monotonic()
-        print(f"starting {kw['n']} ranks ...", flush=True)
-        w = start_world(**kw)
-        DistMagics._last = kw
-        print(f"world of {w.size} ranks started (backend {w.backend}) in "
-              f"{time.monotonic() - t0:.1f} s")
+        print(f"starting {args.n} ranks ...", flush=True)
+        _started(start_world(n=args.n, backend=args.backend, devices=args.devices), t0)
 
     @magic_arguments()
     @RANKS
@@ -108,8 +131,10 @@ class DistMagics(Magics):
             rank 0 interrupted; the world recovered (comm.recover() on every rank) ...
         """
         args = parse_argstring(self.distributed, line)
-        _world().run_cell(cell, ranks=args.ranks, timeout=args.timeout, grace=args.grace,
-                          trace=args.trace)
+        spans = _world().run_cell(cell, ranks=args.ranks, timeout=args.timeout,
+                                  grace=args.grace, trace=args.trace)
+        if args.trace:
+            _show_trace(spans)
 
     @line_magic
     @_usage
@@ -135,10 +160,10 @@ class DistMagics(Magics):
             In [6]: %dist_stop
             world of 2 ranks stopped
         """
-        w = _world()
-        n = w.size
-        w.stop()
-        print(f"world of {n} ranks stopped")
+        from commlab.engine import stop_world
+
+        _world()  # no world: the usage error saying how to start one
+        print(f"world of {stop_world()} ranks stopped")
 
     @line_magic
     @_usage
@@ -151,15 +176,11 @@ class DistMagics(Magics):
             In [7]: %dist_restart
             world of 4 ranks started (backend cpu) in 7.0 s
         """
-        if DistMagics._last is None:
-            raise UsageError("no world was started here: run %dist_start -n N first")
-        from commlab.engine import _world as wmod
+        from commlab.engine import restart_world
 
-        last = dict(DistMagics._last)
-        if wmod._CURRENT is not None:
-            last["n"] = wmod._CURRENT.size or last["n"]
-            wmod._CURRENT.stop()
-        self._start(**last)
+        t0 = time.monotonic()
+        print("restarting the world ...", flush=True)
+        _started(restart_world(), t0)
 
     @magic_arguments()
     @argument("n", type=int, metavar="N", help="the new number of ranks")
@@ -183,8 +204,6 @@ class DistMagics(Magics):
         w = _world()
         old, t0 = w.size, time.monotonic()
         w.resize(args.n)
-        if DistMagics._last is not None:
-            DistMagics._last["n"] = w.size
         print(f"world resized from {old} to {w.size} ranks in {time.monotonic() - t0:.1f} s")
 
     @magic_arguments()
@@ -208,11 +227,7 @@ class DistMagics(Magics):
         missing = [n for n in args.names if n not in self.shell.user_ns]
         if missing:
             raise UsageError(f"%dist_push: {', '.join(missing)} not defined in this notebook")
-        w = _world()
-        w.check_usable()
-        eids = [ri.eid for ri in w.targets(args.ranks)]
-        w.client.direct_view(eids).push({n: self.shell.user_ns[n] for n in args.names},
-                                        block=True)
+        _world().push({n: self.shell.user_ns[n] for n in args.names}, ranks=args.ranks)
 
     @magic_arguments()
     @RANK
@@ -229,12 +244,9 @@ class DistMagics(Magics):
             In [13]: y = %dist_pull x --rank 1
         """
         args = parse_argstring(self.dist_pull, line)
-        w = _world()
-        w.check_usable()
-        infos = w.targets(None if args.rank is None else [args.rank])
-        from commlab.engine import _worker
-        from commlab.engine._wait import wait_all
+        return _world().pull(args.name, rank=args.rank)
 
-        vals = wait_all(w, [w.client[ri.eid].apply_async(_worker.pull, args.name)
-                            for ri in infos], what=f"pulling {args.name}", limit=120)
-        return vals[0] if args.rank is not None else vals
+
+def _started(w, t0: float) -> None:
+    print(f"world of {w.size} ranks started (backend {w.backend}) in "
+          f"{time.monotonic() - t0:.1f} s")
