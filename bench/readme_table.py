@@ -15,8 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from commlab.bench import parse_size
-from commlab.bench._records import fmt_bytes
+from commlab.bench import fmt_bytes, parse_size
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 

@@ -181,7 +181,8 @@ def _check_pieces(comm, checks, g):
     import triton
 
     import commlab
-    from commlab.overlap import _common as oc
+    from commlab.overlap import _buffers
+    from commlab.overlap import _launch as oc
     from commlab.overlap.gemm_rs import MAX_PIECES, piece_tiles
 
     rows, k, n = 288, 16, 8  # 18 row tiles of 16 (one column tile): 2 per piece, 9 pieces
@@ -193,7 +194,7 @@ def _check_pieces(comm, checks, g):
         ptiles = piece_tiles(comm, rows, n, 2, oc.CPU_TILE.BM)
         pieces = triton.cdiv(rows, ptiles * oc.CPU_TILE.BM)
         assert (ptiles, pieces) == (2, 9), (ptiles, pieces)
-        bufs = oc.buffers(comm, "gemm_rs", rows, n, torch.bfloat16, MAX_PIECES)  # cached
+        bufs = _buffers.buffers(comm, "gemm_rs", rows, n, torch.bfloat16, MAX_PIECES)  # cached
         for src in range(comm.world_size):
             if src != comm.rank:  # written by src's producer: one flag per piece
                 assert bufs.flags[src, :pieces].tolist() == [bufs.epoch] * pieces
@@ -204,7 +205,7 @@ def _check_split_tail(comm, checks, g):
     """The kernels as on a GPU with 5 or 7 SMs: the tiles of a partial last wave are
     split into parts of K, one per program, and combined by whichever finishes last."""
     import commlab
-    from commlab.overlap import _common as oc
+    from commlab.overlap import _launch as oc
     from commlab.overlap._gemm import matmul
     from commlab.trace import Span
 
@@ -333,7 +334,7 @@ def test_a_partial_last_wave_split_along_k_gives_the_same_result(results, world_
 def test_only_a_partial_last_wave_is_split_and_into_equal_parts_of_k():
     from types import SimpleNamespace
 
-    from commlab.overlap import _common as oc
+    from commlab.overlap import _launch as oc
 
     gpu = SimpleNamespace(backend="cuda", device="cuda:0")
     oc._SMS["cuda:0"] = 132

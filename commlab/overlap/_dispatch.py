@@ -44,8 +44,8 @@ from __future__ import annotations
 import torch
 
 from commlab import trace
-from commlab.overlap._common import refuse_capture
-from commlab.runtime.communicator import Communicator
+from commlab.overlap._args import refuse_capture
+from commlab.runtime import Communicator
 
 # op -> smallest measured M (total rows) from which "fused" beat "sequential" on 2xH200
 MIN_FUSED_M = {"ag_gemm": 512, "gemm_rs": 2048}
