@@ -122,7 +122,7 @@ def save(out_dir: str, dev, records: list) -> None:
         triton=triton.__version__, records=records), indent=1) + "\n")
 
 
-# (op, model, K, N) of bench/gpu_overlap.py, W=2
+# (op, model, K, N) of commlab.bench.overlap, W=2
 SK_SHAPES = [("ag", "8B", 4096, 14336), ("ag", "70B", 8192, 28672),
              ("rs", "8B", 7168, 4096), ("rs", "70B", 14336, 8192)]
 SK_MS = (512, 2048, 8192, 16384)

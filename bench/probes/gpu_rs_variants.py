@@ -51,7 +51,7 @@ from commlab.overlap import matmul  # noqa: E402
 
 rs = importlib.import_module("commlab.overlap.gemm_rs")  # (the package exports the function)
 
-# (model, M, K, N) of the local GEMM, W=2 (bench/gpu_overlap.py SHAPES)
+# (model, M, K, N) of the local GEMM, W=2 (commlab.bench.overlap.SHAPES)
 SHAPES = [("8B", 8192, 7168, 4096), ("70B", 8192, 14336, 8192), ("8B", 16384, 7168, 4096),
           ("70B", 2048, 14336, 8192)]
 FORMS = {"load": (False, 4 << 20), "tma": (True, 4 << 20), "tma/16MiB": (True, 16 << 20)}

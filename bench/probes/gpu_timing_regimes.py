@@ -2,7 +2,7 @@
 
     torchrun --nproc-per-node 2 bench/probes/gpu_timing_regimes.py --out DIR
 
-At ecf8b0e bench/gpu_overlap.py timed every impl's calls interleaved in one queued
+At ecf8b0e the overlap benchmark (then bench/gpu_overlap.py) timed every impl's calls interleaved in one queued
 window per round (impl 1, impl 2, ..., impl 1, ...) instead of a window per impl, and
 every time rose (cuBLAS 8B M=8192 598 -> 681 us) while the hidden shares moved by up to
 28 points (bench/results/history/overlap-2xh200-w2-interleaved-ecf8b0e.json). Was the GPU
@@ -34,7 +34,7 @@ What it found at b0805c5 (bench/results/timing-regimes-2xh200.json, 3 rounds, 4 
   "sequential" 70.0 -> 111.7 us), where a turn of all nine impls is ~0.6 ms of device
   work, about what the host spends enqueueing it (35-70 us of Python per commlab call):
   probably host gaps inside the event pairs.
-bench/gpu_overlap.py keeps a window per impl (the regime of every recorded result).
+commlab.bench.overlap keeps a window per impl (the regime of every recorded result).
 """
 
 from __future__ import annotations

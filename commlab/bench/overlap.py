@@ -264,12 +264,8 @@ def traced(comm) -> list[dict]:
         fn = commlab.ag_gemm if op == "ag_gemm" else commlab.gemm_rs
         # warm-up with a trace on: the traced kernels are compiled variants of their own
         # (TRACE=True); compiled inside the recorded call, gemm_rs's second launch would
-        # start a second after its first. Two calls: at 86348d5 Triton specialized the
-        # epoch argument when it was 1, so the first call on new buffers compiled a
-        # variant of its own and the recorded call the general one, between its
-        # launches. The fused kernels now say do_not_specialize=["epoch"], so one
-        # warm-up call would do; the second costs a few ms and keeps older traces
-        # comparable
+        # start a second after its first. (One call would do, the epoch is not
+        # specialized; the second keeps the recorded traces comparable with older ones.)
         commlab.trace.start()
         fn(a, b, algorithm="fused")
         fn(a, b, algorithm="fused")
@@ -280,7 +276,7 @@ def traced(comm) -> list[dict]:
         # queued behind a device sleep, as the timed calls are: the timeline shows the
         # GPU's time, not gaps where it waited for the host to launch the next kernel
         # (traced, gemm_rs's own-chunk launch otherwise started 147-773 us after its
-        # first launch ended, bench/results/rs-variants-2xh200.json at 4f4708a)
+        # first launch ended, bench/results/rs-variants-2xh200.json)
         torch.cuda._sleep(QUEUE_SLEEP_CYCLES)
         fn(a, b, algorithm="fused")
         got = commlab.trace.stop()

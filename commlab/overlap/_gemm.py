@@ -3,7 +3,7 @@ and tile configuration, over a plain [M, K] @ [K, N].
 
 It answers the first question about an overlapped kernel: how much of its time is the
 Triton GEMM itself (against cuBLAS) and how much is communication it did not hide.
-``bench/gpu_overlap.py`` times it as impl "triton_gemm_only"; notebooks/05-overlap
+``commlab.bench.overlap`` times it as impl "triton_gemm_only"; notebooks/05-overlap
 reads those records.
 """
 

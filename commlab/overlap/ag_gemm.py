@@ -21,13 +21,10 @@ Why no barrier: the gathered buffer is double-buffered by call parity. A push in
 slot e % 2 on peer p is queued after our GEMM of call e-1, which waited for p's chunk
 of call e-1, which p pushed after its GEMM of call e-2 — the last reader of that slot.
 
-When it wins (2xH200, bf16, Llama-3 MLP shapes, bench/gpu_overlap.py at 4f4708a,
-bench/results/overlap-2xh200-w2.json): at every measured M (512 to 16384), 4.5-20%
-faster than NCCL all-gather + torch.matmul and 1.9-15.5% faster than PyTorch's
-fused_all_gather_matmul, hiding 85.8% or more of the all-gather from M=2048. Its Triton
-GEMM is within 2.2% of cuBLAS on the 8B shapes at M >= 2048 with the last wave split
-along K (8B M=8192 in that run: 1229.3 against 1210.6 µs; on one H200, whole tiles
-1253.3 and split 1229.6 against 1219.6, bench/results/gemm-split-tail-h200.txt).
+When it wins (2xH200, bf16, Llama-3 MLP shapes, bench/results/overlap-2xh200-w2.json;
+the table is in README.md's results): at every measured M (512 to 16384), 4.5-20%
+faster than NCCL all-gather + torch.matmul, hiding 85.8% or more of the all-gather from
+M=2048.
 """
 
 from __future__ import annotations

@@ -24,10 +24,8 @@ than the first wave of tiles.
 Who produces: on GPU the copy engines (``copy_`` into the peer's inbox on a side stream,
 then ``cuStreamWriteValue32`` of the epoch into the peer's flag), so the bytes cross
 NVLink while our own chunk's GEMM runs on every SM, and the own tiles' epilogues read
-*local* memory. (The first version stored partial tiles locally from one persistent
-launch and had the owner pull them over NVLink in its own tiles' epilogues: those pulls
-all came at the end of the kernel, not hidden behind anything; it hid -3..36% of the
-collective, bench/results/overlap-2xh200-w2.json at 02166d0.) On CPU the host copies
+*local* memory (pulling the partials over NVLink in the own tiles' epilogues put all
+of that traffic at the end of the kernel, hidden behind nothing). On CPU the host copies
 into the peer's shared memory between the launches: the same protocol.
 
 Deadlock freedom: an own-chunk program waits only for copies that the *peers* queued
@@ -40,16 +38,11 @@ call e-1, which p queued after its own-chunk launch of call e-2, the last reader
 slot. The staging buffer is reused by the next call only after the main stream has
 joined the side stream (the pushes are done).
 
-When it wins (2xH200, bf16, Llama-3 MLP shapes, bench/gpu_overlap.py at 4f4708a,
-bench/results/overlap-2xh200-w2.json): M >= 2048, 9.7-22.8% faster than torch.matmul +
-NCCL reduce-scatter and 0.5-13.8% faster than PyTorch's fused_matmul_reduce_scatter,
-hiding 81.1-90.8% of the reduce-scatter for 8B and 87.8-101.1% for 70B (whose rounds
-vary by up to 55 points: the SM clock wanders under the 70B GEMMs' power draw). At 8B
-M=8192 the call is 27.8 µs above its Triton GEMM alone (638.1 against 610.3 µs); the
-launches and the own tiles' reads of the partials without any communication cost
-11.1 µs of that (bench/probes/gpu_rs_variants.py, bench/results/rs-variants-2xh200.json). At
-M=512 the 32 tiles per launch leave SMs idle even split along K, and
-``algorithm="auto"`` runs torch.matmul, then commlab's reduce-scatter.
+When it wins (2xH200, bf16, Llama-3 MLP shapes, bench/results/overlap-2xh200-w2.json;
+the table is in README.md's results): M >= 2048, 9.7-22.8% faster than torch.matmul +
+NCCL reduce-scatter, hiding 81.1% or more of the reduce-scatter. At M=512 the 32 tiles
+per launch leave SMs idle even split along K, and ``algorithm="auto"`` runs
+torch.matmul, then commlab's reduce-scatter.
 """
 
 from __future__ import annotations
@@ -196,10 +189,8 @@ def gemm_rs_kernel(
 
 MAX_PIECES = 16  # flags per (source, call)
 # How own tiles read the peers' partials on GPU: one TMA bulk copy per partial tile, or
-# plain loads (False). bench/probes/gpu_rs_variants.py on 2xH200 (bench/results/history/
-# rs-epilogue-forms-2xh200.json): an own tile's reduce 3.4-3.5 -> 2.4-2.5 us, the 8B
-# M=8192 call 638.0 -> 635.4 us, M=16384 1279.1 -> 1271.2 us. (Starting the accumulator
-# from partials already landed, before the main loop, made the calls 9.8-11.6% slower.)
+# plain loads (False). TMA: an own tile's reduce 2.4-2.5 us against 3.4-3.5 (2xH200,
+# bench/probes/gpu_rs_variants.py, bench/results/history/rs-epilogue-forms-2xh200.json).
 PARTIALS_TMA = True
 PIECE_BYTES = 4 << 20  # at least this much per copy (each copy and flag write costs ~µs)
 
