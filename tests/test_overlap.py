@@ -374,3 +374,28 @@ def test_gemm_rs_sends_partials_in_pieces_of_at_least_4_mib_and_at_most_16():
 
 def test_pieces_of_a_partial_chunk_land_with_their_own_flags(results):
     assert_checks(results(2), "gemm_rs_pieces")
+
+
+def test_launch_options_change_the_schedule_inside_the_block_and_restore_it_after_an_error():
+    from types import SimpleNamespace
+
+    from commlab import overlap
+    from commlab.overlap import _launch
+
+    gpu = SimpleNamespace(backend="cuda", device="cuda:0")
+    cpu = SimpleNamespace(backend="cpu", device="cpu")
+    small = overlap.TileConfig(64, 64, 64, 8, 4, 3)
+    _launch._SMS["cuda:0"] = 132
+    try:
+        assert overlap.schedule(gpu, overlap.GPU_TILE, 3584, 4096).split == 6
+        with pytest.raises(RuntimeError, match="inside"):
+            with overlap.launch_options(gpu_tile=small, split_tail=False, cpu_programs=5):
+                assert _launch.tile_config(gpu) == small
+                assert overlap.schedule(gpu, overlap.GPU_TILE, 3584, 4096).split == 0
+                assert overlap.schedule(cpu, overlap.CPU_TILE, 12, 64).programs == 5
+                raise RuntimeError("inside")
+        assert _launch.tile_config(gpu) == overlap.GPU_TILE
+        assert overlap.schedule(gpu, overlap.GPU_TILE, 3584, 4096).split == 6
+        assert overlap.schedule(cpu, overlap.CPU_TILE, 12, 64).programs == 12  # one per tile
+    finally:
+        del _launch._SMS["cuda:0"]
