@@ -6,7 +6,7 @@
 One row per (op, size, mode), bf16: commlab's ``auto`` (with the fastest single commlab
 algorithm at that point in parentheses; the fastest one's time when there is no auto
 record), NCCL, the best PyTorch symmetric-memory op, and busbw. Sizes are total bytes as recorded.
-With --overlap: one row per (op, model, M) of bench/gpu_overlap.py's records, every impl
+With --overlap: one row per (op, model, M) of commlab.bench.overlap's records, every impl
 and the hidden share, (NCCL + matmul - fused) / comm alone.
 """
 
@@ -15,8 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from commlab.bench import parse_size
-from commlab.bench._records import fmt_bytes
+from commlab.bench import fmt_bytes, parse_size
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 
@@ -49,7 +48,7 @@ def main() -> None:
     ap.add_argument("--sizes", default="8,64KiB,1MiB,256MiB,1GiB")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--overlap", action="store_true",
-                    help="the records are bench/gpu_overlap.py's (ag_gemm / gemm_rs)")
+                    help="the records are commlab.bench.overlap's (ag_gemm / gemm_rs)")
     args = ap.parse_args()
     if args.overlap:
         return overlap_table(args.records)

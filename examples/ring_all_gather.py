@@ -1,10 +1,11 @@
 """Write your own collective: a ring all-gather from commlab's device primitives.
 
-When it wins: it does not, against commlab.all_gather's direct pull on a fully connected
+When it wins: it does not, against commlab.all_gather's direct push on a fully connected
 node (NVLink/NVSwitch, or the CPU backend): a ring needs W-1 dependent steps where a
-direct pull needs one. It is the right shape where only neighbours are linked (a ring of
-PCIe switches, a chain of hosts), and the simplest collective that shows every primitive:
-symmetric stores, signals that count, and waits.
+direct push (every rank stores its input into every peer's inbox at once) needs one. It
+is the right shape where only neighbours are linked (a ring of PCIe switches, a chain of
+hosts), and the simplest collective that shows every primitive: symmetric stores,
+signals that count, and waits.
 
     row me of my buffer = x                      # host: stage the input
     tell the left neighbour: "you may write into my buffer"

@@ -235,3 +235,20 @@ def test_commbench_draws_recorded_results_and_rejects_bad_flags(tmp_path):
         ip.run_line_magic("commbench", "--ops all_reduse")
     with pytest.raises(UsageError, match="no records"):
         ip.run_line_magic("commbench", f"--load {path} --ops broadcast")
+
+
+# --- the overlap benchmark -------------------------------------------------------------
+
+
+def test_overlap_benchmark_runs_as_a_module_and_lists_its_flags():
+    import os
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "commlab.bench.overlap", "--help"],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "COMMLAB_BACKEND": "cpu"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "python -m commlab.bench.overlap" in proc.stdout
+    for flag in ("--out", "--rounds", "--tiles", "--trace-only"):
+        assert flag in proc.stdout, flag

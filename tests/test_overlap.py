@@ -75,7 +75,7 @@ def _check_numerics(comm, checks, g):
                         assert out.shape == (rows, n) and out.dtype == dtype
                         _close(out, ref)
     with checks.case("triton_gemm", "the fused kernels' GEMM alone matches torch"):
-        from commlab.overlap._gemm import matmul
+        from commlab.overlap import matmul
 
         for rows, k, n in SHAPES:
             a = torch.randn(rows, k, generator=g).bfloat16()
@@ -181,7 +181,8 @@ def _check_pieces(comm, checks, g):
     import triton
 
     import commlab
-    from commlab.overlap import _common as oc
+    from commlab.overlap import _buffers
+    from commlab.overlap import _launch as oc
     from commlab.overlap.gemm_rs import MAX_PIECES, piece_tiles
 
     rows, k, n = 288, 16, 8  # 18 row tiles of 16 (one column tile): 2 per piece, 9 pieces
@@ -193,7 +194,7 @@ def _check_pieces(comm, checks, g):
         ptiles = piece_tiles(comm, rows, n, 2, oc.CPU_TILE.BM)
         pieces = triton.cdiv(rows, ptiles * oc.CPU_TILE.BM)
         assert (ptiles, pieces) == (2, 9), (ptiles, pieces)
-        bufs = oc.buffers(comm, "gemm_rs", rows, n, torch.bfloat16, MAX_PIECES)  # cached
+        bufs = _buffers.buffers(comm, "gemm_rs", rows, n, torch.bfloat16, MAX_PIECES)  # cached
         for src in range(comm.world_size):
             if src != comm.rank:  # written by src's producer: one flag per piece
                 assert bufs.flags[src, :pieces].tolist() == [bufs.epoch] * pieces
@@ -204,8 +205,8 @@ def _check_split_tail(comm, checks, g):
     """The kernels as on a GPU with 5 or 7 SMs: the tiles of a partial last wave are
     split into parts of K, one per program, and combined by whichever finishes last."""
     import commlab
-    from commlab.overlap import _common as oc
-    from commlab.overlap._gemm import matmul
+    from commlab.overlap import _launch as oc
+    from commlab.overlap import matmul
     from commlab.trace import Span
 
     rows, k, n = 16, 1100, 72  # 3 tiles per chunk, 18 K iterations of 64 (the last ragged)
@@ -333,7 +334,7 @@ def test_a_partial_last_wave_split_along_k_gives_the_same_result(results, world_
 def test_only_a_partial_last_wave_is_split_and_into_equal_parts_of_k():
     from types import SimpleNamespace
 
-    from commlab.overlap import _common as oc
+    from commlab.overlap import _launch as oc
 
     gpu = SimpleNamespace(backend="cuda", device="cuda:0")
     oc._SMS["cuda:0"] = 132
@@ -373,3 +374,28 @@ def test_gemm_rs_sends_partials_in_pieces_of_at_least_4_mib_and_at_most_16():
 
 def test_pieces_of_a_partial_chunk_land_with_their_own_flags(results):
     assert_checks(results(2), "gemm_rs_pieces")
+
+
+def test_launch_options_change_the_schedule_inside_the_block_and_restore_it_after_an_error():
+    from types import SimpleNamespace
+
+    from commlab import overlap
+    from commlab.overlap import _launch
+
+    gpu = SimpleNamespace(backend="cuda", device="cuda:0")
+    cpu = SimpleNamespace(backend="cpu", device="cpu")
+    small = overlap.TileConfig(64, 64, 64, 8, 4, 3)
+    _launch._SMS["cuda:0"] = 132
+    try:
+        assert overlap.schedule(gpu, overlap.GPU_TILE, 3584, 4096).split == 6
+        with pytest.raises(RuntimeError, match="inside"):
+            with overlap.launch_options(gpu_tile=small, split_tail=False, cpu_programs=5):
+                assert _launch.tile_config(gpu) == small
+                assert overlap.schedule(gpu, overlap.GPU_TILE, 3584, 4096).split == 0
+                assert overlap.schedule(cpu, overlap.CPU_TILE, 12, 64).programs == 5
+                raise RuntimeError("inside")
+        assert _launch.tile_config(gpu) == overlap.GPU_TILE
+        assert overlap.schedule(gpu, overlap.GPU_TILE, 3584, 4096).split == 6
+        assert overlap.schedule(cpu, overlap.CPU_TILE, 12, 64).programs == 12  # one per tile
+    finally:
+        del _launch._SMS["cuda:0"]

@@ -99,7 +99,7 @@ def gpu_overlap_world(comm, seed):
     dist.all_gather_into_tensor(full, a2[:1024].contiguous(), group=comm.group)
     close("ag_gemm auto in a CUDA graph", y_ag, full.float() @ b2.float())
     # the Triton GEMM alone (the benchmark's "triton_gemm_only"), both B layouts
-    from commlab.overlap._gemm import matmul
+    from commlab.overlap import matmul
 
     for rows, k, n in SHAPES:
         a = torch.randn(rows, k, device=dev, generator=g).bfloat16()

@@ -10,15 +10,18 @@ import argparse
 import os
 import sys
 
+import commlab
+from commlab import bench
+from commlab.bench._records import OPS, size_range
+
 # NVLink multicast stays off for everything this process starts (NCCL NVLS, PyTorch
-# symmetric memory, NVSHMEM); set before torch or NCCL read them.
+# symmetric memory, NVSHMEM); main() sets them before the process group starts, which is
+# when NCCL and symmetric memory read them.
 SAFE_ENV = {"TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NCCL_NVLS_ENABLE": "0",
             "NVSHMEM_DISABLE_NVLS": "1"}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    from commlab.bench._records import OPS
-
     p = argparse.ArgumentParser(prog="python -m commlab.bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--backend", default="auto", choices=("auto", "cpu", "cuda"),
@@ -49,10 +52,6 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.backend == "cpu":
         os.environ.setdefault("COMMLAB_BACKEND", "cpu")
-    import commlab
-    from commlab import bench
-    from commlab.bench._records import size_range
-
     sizes = ([bench.parse_size(s) for s in args.sizes.split(",")] if args.sizes
              else size_range(args.min, args.max, args.factor))
     modes = ("eager", "graph") if args.mode == "both" else (args.mode,)

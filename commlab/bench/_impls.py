@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+import commlab
 from commlab.bench._records import OPS
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
@@ -123,8 +124,6 @@ def reference(op: str, comm, x: torch.Tensor) -> torch.Tensor:
 
 
 def _commlab(op: str, algorithm: str) -> Impl:
-    import commlab
-
     def prepare(comm, x):
         if op == "all_reduce":
             return Prepared(lambda: commlab.all_reduce(x, algorithm=algorithm))

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+import commlab
 from commlab.bench import _timing
 from commlab.bench._impls import DTYPES, Impl, implementations, make_input, reference
 from commlab.bench._records import OPS, Record, device_name, fmt_bytes, git_commit
@@ -105,8 +106,6 @@ def run(comm=None, *, ops=OPS, sizes=(8, 1 << 20), dtype: str | None = None,
         algorithms=None, modes=("eager",), iters: int = 20, progress: bool = True,
         extra_impls: tuple = (), seed: int = 0) -> BenchResult:
     """Verify and time every implementation of ``ops`` at ``sizes`` (bytes); collective."""
-    import commlab
-
     comm = comm or commlab.get_communicator()
     dtype = dtype or ("bfloat16" if comm.backend == "cuda" else "float32")
     if dtype not in DTYPES:

@@ -124,10 +124,10 @@ def launch_for(comm: Communicator, n: int) -> Launch:
         return Launch(1, min(block, max(16, triton.next_power_of_2(max(n, 1)))), 4)
     # Small messages: 2048-element blocks over few programs keep the latency down. From
     # 1M elements on, 8192-element blocks on 256 programs keep the most bytes in flight
-    # over NVLink (bench/gpu_sweep.py on 2xH200: two-shot bf16 1 GiB 3149 us = 341 GB/s
+    # over NVLink (bench/probes/gpu_sweep.py on 2xH200: two-shot bf16 1 GiB 3149 us = 341 GB/s
     # busbw, against 3253-3583 us with smaller shapes), with 8 warps: a kernel that only
     # pushes, both ranks at once, moved 350 GB/s per direction with 8 warps and 338 with
-    # 16 (bench/gpu_link_ceiling.py, bench/results/link-ceiling-2xh200.txt).
+    # 16 (bench/probes/gpu_link_ceiling.py, bench/results/link-ceiling-2xh200.txt).
     if n >= _GPU_BIG:
         block, warps, programs = _GPU_BLOCK_BIG, _GPU_WARPS_BIG, _GPU_PROGRAMS
     else:
@@ -136,7 +136,7 @@ def launch_for(comm: Communicator, n: int) -> Launch:
     return Launch(min(cap, blocks, programs), block, warps)
 
 
-# GPU launch shapes; the environment overrides exist for sweeps (bench/gpu_sweep.py)
+# GPU launch shapes; the environment overrides exist for sweeps (bench/probes/gpu_sweep.py)
 _GPU_BIG = int(os.environ.get("COMMLAB_GPU_BIG", 1 << 20))
 _GPU_BLOCK = int(os.environ.get("COMMLAB_GPU_BLOCK", 2048))
 _GPU_WARPS = int(os.environ.get("COMMLAB_GPU_WARPS", 8))

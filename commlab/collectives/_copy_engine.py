@@ -4,7 +4,7 @@ still in flight. Used by the ``copy_engine`` algorithm of all_gather, all_to_all
 broadcast.
 
 Why: on 2xH200 a copy engine moves 389-394 GB/s per direction, SM stores at most 355
-whatever the launch shape (bench/gpu_link_ceiling.py, bench/results/
+whatever the launch shape (bench/probes/gpu_link_ceiling.py, bench/results/
 link-ceiling-2xh200.txt), so for big messages the copy engines are the faster mover;
 the SMs are then free for the copy-out (local HBM, ~10x faster than the link).
 

@@ -5,7 +5,7 @@ every size: each rank sends N bytes and receives N, the least any all-reduce can
 between two GPUs, with a single synchronisation. With W ranks it sends (W-1)·N, so
 beyond two ranks two-shot takes over from mid sizes (see _select).
 
-When it wins (2xH200, bf16, CUDA graphs, bench/results/2xh200-w2.json at 78693b0): the
+When it wins (2xH200, bf16, CUDA graphs, bench/results/2xh200-w2.json): the
 fastest all-reduce here from 8 B to 16 MiB — 6.0-6.9 µs up to 256 KiB against NCCL's
 11.2-12.9 and PyTorch symmetric memory's best 7.9-8.6; 65.8 µs at 16 MiB against
 two-shot's 70.4 and NCCL's 79.2.

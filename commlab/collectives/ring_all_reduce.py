@@ -5,7 +5,7 @@ the same N/W per step: the classic bandwidth-optimal schedule (NCCL's for large
 messages), at the price of 2·(W-1) barriers. Here mostly for teaching and for worlds
 where not every pair of ranks is directly linked.
 
-When it wins (2xH200, bf16, CUDA graphs, bench/results/2xh200-w2.json at 78693b0): never
+When it wins (2xH200, bf16, CUDA graphs, bench/results/2xh200-w2.json): never
 with two ranks (8 B 12.5 µs against one-shot's 6.2; 1 GiB 4021 against two-shot's 3179);
 its place is rings of many ranks whose pairs are not all linked.
 

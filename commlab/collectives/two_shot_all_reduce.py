@@ -4,7 +4,7 @@ Rank c owns chunk c of the N elements. Each rank sends (W-1)/W·N per phase, 2·
 in all, against one-shot's (W-1)·N: the bandwidth algorithm (with two ranks both send
 N, and two-shot's pipeline wins from a few MiB up: see _select).
 
-When it wins (2xH200, bf16, CUDA graphs, bench/results/2xh200-w2.json at 78693b0): from
+When it wins (2xH200, bf16, CUDA graphs, bench/results/2xh200-w2.json): from
 64 MiB up — 224.7 µs against one-shot's 244.4 and NCCL's 251.5; 1 GiB in 3179 µs (337
 GB/s busbw) against NCCL's 3266. PyTorch's two-shot is 3-5% faster from 64 MiB to 256
 MiB and 3% slower at 1 GiB.

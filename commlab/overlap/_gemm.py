@@ -3,7 +3,7 @@ and tile configuration, over a plain [M, K] @ [K, N].
 
 It answers the first question about an overlapped kernel: how much of its time is the
 Triton GEMM itself (against cuBLAS) and how much is communication it did not hide.
-``bench/gpu_overlap.py`` times it as impl "triton_gemm_only"; notebooks/05-overlap
+``commlab.bench.overlap`` times it as impl "triton_gemm_only"; notebooks/05-overlap
 reads those records.
 """
 
@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from commlab.overlap import _common as oc
+from commlab.overlap import _launch, _operands
 from commlab.overlap._tiles import grouped_tile, mma, store_tile, tail_combine, tail_part
 
 
@@ -23,7 +23,7 @@ def gemm_kernel(
     ws_ptr, cnt_ptr,  # split-tail workspace (tail_combine)
     M, N, K,
     stride_bk, stride_bn,
-    DP_TILES, SPLIT,  # the schedule (_common.schedule)
+    DP_TILES, SPLIT,  # the schedule (_launch.schedule)
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
     EVEN_K: tl.constexpr, USE_TMA: tl.constexpr, B_TRANS: tl.constexpr,
     OUT_TMA: tl.constexpr,
@@ -54,12 +54,12 @@ def matmul(comm, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     a = a.contiguous()
     m, k = a.shape
     n = b.shape[1]
-    cfg = oc.tile_config(comm)
+    cfg = _launch.tile_config(comm)
     out = torch.empty((m, n), dtype=a.dtype, device=a.device)
-    ops = oc.operands(comm, cfg, a, b)
-    dst, out_tma = oc.output(ops, cfg, out, m)
-    sched = oc.schedule(comm, cfg, triton.cdiv(m, cfg.BM) * triton.cdiv(n, cfg.BN), k)
-    ws, cnt = oc.tail_workspace(comm, sched, cfg)
+    ops = _operands.operands(comm, cfg, a, b)
+    dst, out_tma = _operands.output(ops, cfg, out, m)
+    sched = _launch.schedule(comm, cfg, triton.cdiv(m, cfg.BM) * triton.cdiv(n, cfg.BN), k)
+    ws, cnt = _launch.tail_workspace(comm, sched, cfg)
     gemm_kernel[(sched.programs,)](
         ops.a, ops.b, dst, ws, cnt, m, n, k, b.stride(0), b.stride(1),
         sched.dp_tiles, sched.split,

@@ -16,7 +16,7 @@ runs plain Python called from a jit function, the same pattern as
 The split tail (``tail_part``, ``tail_combine``): a persistent kernel whose tiles do not
 fill its last wave leaves SMs idle for up to a whole tile's time (8B all-gather GEMM,
 M=8192: 3584 tiles on 132 SMs, 27.15 waves, so 112 SMs idle through the 28th). The host
-(``_common.schedule``) gives the full waves' tiles whole to the programs, round robin,
+(``_launch.schedule``) gives the full waves' tiles whole to the programs, round robin,
 and splits each of the last wave's tiles into SPLIT parts of K, one part per program; a
 tile computed in parts is combined by the program that finishes last (no program ever
 waits for another).

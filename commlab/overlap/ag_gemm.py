@@ -21,13 +21,10 @@ Why no barrier: the gathered buffer is double-buffered by call parity. A push in
 slot e % 2 on peer p is queued after our GEMM of call e-1, which waited for p's chunk
 of call e-1, which p pushed after its GEMM of call e-2 — the last reader of that slot.
 
-When it wins (2xH200, bf16, Llama-3 MLP shapes, bench/gpu_overlap.py at 4f4708a,
-bench/results/overlap-2xh200-w2.json): at every measured M (512 to 16384), 4.5-20%
-faster than NCCL all-gather + torch.matmul and 1.9-15.5% faster than PyTorch's
-fused_all_gather_matmul, hiding 85.8% or more of the all-gather from M=2048. Its Triton
-GEMM is within 2.2% of cuBLAS on the 8B shapes at M >= 2048 with the last wave split
-along K (8B M=8192 in that run: 1229.3 against 1210.6 µs; on one H200, whole tiles
-1253.3 and split 1229.6 against 1219.6, bench/results/gemm-split-tail-h200.txt).
+When it wins (2xH200, bf16, Llama-3 MLP shapes, bench/results/overlap-2xh200-w2.json;
+the table is in README.md's results): at every measured M (512 to 16384), 4.5-20%
+faster than NCCL all-gather + torch.matmul, hiding 85.8% or more of the all-gather from
+M=2048.
 """
 
 from __future__ import annotations
@@ -38,8 +35,9 @@ import triton.language as tl
 
 import commlab.language as cl
 from commlab import trace
+from commlab.collectives import all_gather
 from commlab.collectives._common import comm_or_raise, launch_for
-from commlab.overlap import _common as oc
+from commlab.overlap import _args, _buffers, _launch, _operands, _timeline
 from commlab.overlap._dispatch import run
 from commlab.overlap._tiles import grouped_tile, mma, stamp, store_tile, tail_combine, tail_part
 
@@ -131,12 +129,12 @@ def ag_gemm_kernel(
     gathered_src,  # [W * ROWS, K] this call's slot; chunk r is written by rank r
     flags_ptr,  # int32 [W]
     ctx,
-    trace_ptr,  # [TILES + programs, 6] (_common.Schedule.trace_rows)
+    trace_ptr,  # [TILES + programs, 6] (_launch.Schedule.trace_rows)
     # Sizes
     ROWS, N, K,
     stride_bk, stride_bn,
     epoch,
-    DP_TILES, SPLIT,  # the schedule (_common.schedule)
+    DP_TILES, SPLIT,  # the schedule (_launch.schedule)
     # Meta-parameters
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
     EVEN_K: tl.constexpr, USE_TMA: tl.constexpr, B_TRANS: tl.constexpr,
@@ -170,7 +168,7 @@ def ag_gemm_kernel(
                           USE_TMA, B_TRANS, OUT_TMA, TRACE)
 
 
-def _push_cuda(comm, a, bufs: oc.Buffers, slot: torch.Tensor, epoch: int) -> torch.cuda.Event:
+def _push_cuda(comm, a, bufs: _buffers.Buffers, slot: torch.Tensor, epoch: int) -> torch.cuda.Event:
     """Copy-engine producer: push ``a`` to every peer's slot, then its epoch flag."""
     main = torch.cuda.current_stream(comm.device)
     side = bufs.side_stream()
@@ -193,18 +191,18 @@ def _fused(comm, a: torch.Tensor, b: torch.Tensor):
     rows, k = a.shape
     n = b.shape[1]
     world = comm.world_size
-    cfg = oc.tile_config(comm)
-    bufs = oc.buffers(comm, "ag_gemm", rows, k, a.dtype, 1)
+    cfg = _launch.tile_config(comm)
+    bufs = _buffers.buffers(comm, "ag_gemm", rows, k, a.dtype, 1)
     epoch = bufs.next_epoch()
     slot = bufs.data[epoch % 2]  # [W, rows, K]
     flags = bufs.flags[:, 0]  # [W]: one int32 per source rank
     out = torch.empty((world * rows, n), dtype=a.dtype, device=a.device)
     tiles = world * triton.cdiv(rows, cfg.BM) * triton.cdiv(n, cfg.BN)
-    sched = oc.schedule(comm, cfg, tiles, k)
-    ws, cnt = oc.tail_workspace(comm, sched, cfg)
-    tbuf = oc.trace_buffer(comm, sched.trace_rows)
-    ptrace = oc.trace_buffer(comm, world - 1)
-    clock = oc.Clock(comm) if tbuf is not None else None
+    sched = _launch.schedule(comm, cfg, tiles, k)
+    ws, cnt = _launch.tail_workspace(comm, sched, cfg)
+    tbuf = _timeline.trace_buffer(comm, sched.trace_rows)
+    ptrace = _timeline.trace_buffer(comm, world - 1)
+    clock = _timeline.Clock(comm) if tbuf is not None else None
     done = None
     if comm.backend == "cuda":
         done = _push_cuda(comm, a, bufs, slot, epoch)
@@ -212,8 +210,8 @@ def _fused(comm, a: torch.Tensor, b: torch.Tensor):
         lc = launch_for(comm, a.numel())
         ag_push_kernel[(1,)](a, slot, flags, comm.context, ptrace, a.numel(), epoch,
                              BLOCK=lc.block, TRACE=ptrace is not None)
-    ops = oc.operands(comm, cfg, a, b, slot.view(world * rows, k))
-    dst, out_tma = oc.output(ops, cfg, out, rows)
+    ops = _operands.operands(comm, cfg, a, b, slot.view(world * rows, k))
+    dst, out_tma = _operands.output(ops, cfg, out, rows)
     ag_gemm_kernel[(sched.programs,)](
         ops.a, ops.b, dst, ws, cnt, ops.extra, flags, comm.context, tbuf,
         rows, n, k, b.stride(0), b.stride(1), epoch, sched.dp_tiles, sched.split,
@@ -226,18 +224,16 @@ def _fused(comm, a: torch.Tensor, b: torch.Tensor):
 
     def decode():
         local = tiles // world  # our own chunk's tiles: nothing to wait for
-        oc.add_tile_spans(comm, tbuf, clock, "ag_gemm",
+        _timeline.add_tile_spans(comm, tbuf, clock, "ag_gemm",
                           lambda t: (None, "compute") if t < local else ("wait", "compute"))
         if comm.backend == "cpu":
-            oc.add_tile_spans(comm, ptrace, clock, "ag_gemm", lambda t: ("copy",))
+            _timeline.add_tile_spans(comm, ptrace, clock, "ag_gemm", lambda t: ("copy",))
     return out, (decode if tbuf is not None else None)
 
 
 def _sequential(comm, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """commlab's all-gather, then torch.matmul (on 2xH200 its kernel is faster than
     NCCL's at every size, bench/results/2xh200-w2.json)."""
-    from commlab.collectives.all_gather import all_gather
-
     return all_gather(a) @ b
 
 
@@ -248,7 +244,7 @@ def ag_gemm(a: torch.Tensor, b: torch.Tensor, *, algorithm: str = "auto") -> tor
     algorithm: "fused" (overlapped Triton kernel), "sequential" (gather, then matmul),
     or "auto" (the measured rule in ``commlab.overlap._dispatch``)."""
     comm = comm_or_raise()
-    oc.agree_args("ag_gemm", comm, a, b, algorithm, rows_divisible=False)
+    _args.agree_args("ag_gemm", comm, a, b, algorithm, rows_divisible=False)
     nbytes = (comm.world_size - 1) * a.numel() * a.element_size()
     return run("ag_gemm", comm, a, b, algorithm, m=comm.world_size * a.shape[0], nbytes=nbytes,
                sequential=_sequential, fused=_fused)

@@ -24,10 +24,8 @@ than the first wave of tiles.
 Who produces: on GPU the copy engines (``copy_`` into the peer's inbox on a side stream,
 then ``cuStreamWriteValue32`` of the epoch into the peer's flag), so the bytes cross
 NVLink while our own chunk's GEMM runs on every SM, and the own tiles' epilogues read
-*local* memory. (The first version stored partial tiles locally from one persistent
-launch and had the owner pull them over NVLink in its own tiles' epilogues: those pulls
-all came at the end of the kernel, not hidden behind anything; it hid -3..36% of the
-collective, bench/results/overlap-2xh200-w2.json at 02166d0.) On CPU the host copies
+*local* memory (pulling the partials over NVLink in the own tiles' epilogues put all
+of that traffic at the end of the kernel, hidden behind nothing). On CPU the host copies
 into the peer's shared memory between the launches: the same protocol.
 
 Deadlock freedom: an own-chunk program waits only for copies that the *peers* queued
@@ -40,16 +38,11 @@ call e-1, which p queued after its own-chunk launch of call e-2, the last reader
 slot. The staging buffer is reused by the next call only after the main stream has
 joined the side stream (the pushes are done).
 
-When it wins (2xH200, bf16, Llama-3 MLP shapes, bench/gpu_overlap.py at 4f4708a,
-bench/results/overlap-2xh200-w2.json): M >= 2048, 9.7-22.8% faster than torch.matmul +
-NCCL reduce-scatter and 0.5-13.8% faster than PyTorch's fused_matmul_reduce_scatter,
-hiding 81.1-90.8% of the reduce-scatter for 8B and 87.8-101.1% for 70B (whose rounds
-vary by up to 55 points: the SM clock wanders under the 70B GEMMs' power draw). At 8B
-M=8192 the call is 27.8 µs above its Triton GEMM alone (638.1 against 610.3 µs); the
-launches and the own tiles' reads of the partials without any communication cost
-11.1 µs of that (bench/gpu_rs_variants.py, bench/results/rs-variants-2xh200.json). At
-M=512 the 32 tiles per launch leave SMs idle even split along K, and
-``algorithm="auto"`` runs torch.matmul, then commlab's reduce-scatter.
+When it wins (2xH200, bf16, Llama-3 MLP shapes, bench/results/overlap-2xh200-w2.json;
+the table is in README.md's results): M >= 2048, 9.7-22.8% faster than torch.matmul +
+NCCL reduce-scatter, hiding 81.1% or more of the reduce-scatter. At M=512 the 32 tiles
+per launch leave SMs idle even split along K, and ``algorithm="auto"`` runs
+torch.matmul, then commlab's reduce-scatter.
 """
 
 from __future__ import annotations
@@ -60,8 +53,9 @@ import triton.language as tl
 
 import commlab.language as cl
 from commlab import trace
+from commlab.collectives import reduce_scatter
 from commlab.collectives._common import comm_or_raise
-from commlab.overlap import _common as oc
+from commlab.overlap import _args, _buffers, _launch, _operands, _timeline
 from commlab.overlap._dispatch import run
 from commlab.overlap._tiles import grouped_tile, mma, stamp, store_tile, tail_combine, tail_part
 
@@ -154,7 +148,7 @@ def gemm_rs_kernel(
     chunk_idx,  # position of this launch's chunk in our order (W - 1: our own chunk)
     epoch,
     PIECE_TILES,  # row tiles per piece of a partial chunk
-    DP_TILES, SPLIT, TRACE_ROWS,  # the schedule (_common.schedule)
+    DP_TILES, SPLIT, TRACE_ROWS,  # the schedule (_launch.schedule)
     # Meta-parameters
     OWN: tl.constexpr,
     MAXP: tl.constexpr,
@@ -195,10 +189,8 @@ def gemm_rs_kernel(
 
 MAX_PIECES = 16  # flags per (source, call)
 # How own tiles read the peers' partials on GPU: one TMA bulk copy per partial tile, or
-# plain loads (False). bench/gpu_rs_variants.py on 2xH200 (bench/results/history/
-# rs-epilogue-forms-2xh200.json): an own tile's reduce 3.4-3.5 -> 2.4-2.5 us, the 8B
-# M=8192 call 638.0 -> 635.4 us, M=16384 1279.1 -> 1271.2 us. (Starting the accumulator
-# from partials already landed, before the main loop, made the calls 9.8-11.6% slower.)
+# plain loads (False). TMA: an own tile's reduce 2.4-2.5 us against 3.4-3.5 (2xH200,
+# bench/probes/gpu_rs_variants.py, bench/results/history/rs-epilogue-forms-2xh200.json).
 PARTIALS_TMA = True
 PIECE_BYTES = 4 << 20  # at least this much per copy (each copy and flag write costs ~µs)
 
@@ -218,7 +210,7 @@ class _Producer:
     followed by its epoch flag: copy engines on a side stream (GPU), host copies into
     shared memory (CPU)."""
 
-    def __init__(self, comm, bufs: oc.Buffers, slot: torch.Tensor, epoch: int,
+    def __init__(self, comm, bufs: _buffers.Buffers, slot: torch.Tensor, epoch: int,
                  piece_rows: int):
         self.comm, self.bufs, self.slot, self.epoch = comm, bufs, slot, epoch
         self.piece_rows = piece_rows
@@ -262,12 +254,12 @@ def _fused(comm, a: torch.Tensor, b: torch.Tensor, *, send: bool = True):
     same kernels with no pushes and waits that pass at once (epoch 0): what the
     launches cost without the communication. Such a call skips the ordering that makes
     the next call's pushes safe without a barrier, so a device sync and a barrier must
-    follow it (bench/gpu_rs_variants.py times it in a window of its own)."""
+    follow it (bench/probes/gpu_rs_variants.py times it in a window of its own)."""
     world, me = comm.world_size, comm.rank
     rows, n, k = a.shape[0] // world, b.shape[1], a.shape[1]
-    cfg = oc.tile_config(comm)
+    cfg = _launch.tile_config(comm)
     tiles = triton.cdiv(rows, cfg.BM) * triton.cdiv(n, cfg.BN)
-    bufs = oc.buffers(comm, "gemm_rs", rows, n, a.dtype, MAX_PIECES)
+    bufs = _buffers.buffers(comm, "gemm_rs", rows, n, a.dtype, MAX_PIECES)
     epoch = bufs.next_epoch()
     slot = bufs.data[epoch % 2]  # [W, rows, N]: our inbox for this call
     if not send:
@@ -275,17 +267,17 @@ def _fused(comm, a: torch.Tensor, b: torch.Tensor, *, send: bool = True):
     ptiles = piece_tiles(comm, rows, n, a.element_size(), cfg.BM)
     out = torch.empty((rows, n), dtype=a.dtype, device=a.device)
     stage = torch.empty((max(world - 1, 1), rows, n), dtype=a.dtype, device=a.device)
-    sched = oc.schedule(comm, cfg, tiles, k)
-    ws, cnt = oc.tail_workspace(comm, sched, cfg)
-    tbuf = oc.trace_buffer(comm, world * sched.trace_rows)
-    clock = oc.Clock(comm) if tbuf is not None else None
-    ops = oc.operands(comm, cfg, a, b)
-    in_tma = ops.tma and PARTIALS_TMA and oc.tma_ok(slot)
-    inbox = oc.descriptor(slot, [1, cfg.BM, cfg.BN]) if in_tma else slot
+    sched = _launch.schedule(comm, cfg, tiles, k)
+    ws, cnt = _launch.tail_workspace(comm, sched, cfg)
+    tbuf = _timeline.trace_buffer(comm, world * sched.trace_rows)
+    clock = _timeline.Clock(comm) if tbuf is not None else None
+    ops = _operands.operands(comm, cfg, a, b)
+    in_tma = ops.tma and PARTIALS_TMA and _operands.tma_ok(slot)
+    inbox = _operands.descriptor(slot, [1, cfg.BM, cfg.BN]) if in_tma else slot
     producer = _Producer(comm, bufs, slot, epoch, ptiles * cfg.BM)
     for c in range(world):
         own = c == world - 1
-        target, out_tma = oc.output(ops, cfg, out if own else stage[c], rows)
+        target, out_tma = _operands.output(ops, cfg, out if own else stage[c], rows)
         gemm_rs_kernel[(sched.programs,)](
             ops.a, ops.b, target, ws, cnt, inbox, bufs.flags, comm.context, tbuf,
             rows, n, k, b.stride(0), b.stride(1), c, epoch, ptiles,
@@ -301,7 +293,7 @@ def _fused(comm, a: torch.Tensor, b: torch.Tensor, *, send: bool = True):
 
     def decode():
         own_first = (world - 1) * tiles
-        oc.add_tile_spans(comm, tbuf, clock, "gemm_rs",
+        _timeline.add_tile_spans(comm, tbuf, clock, "gemm_rs",
                           lambda t: ("compute",) if t < own_first
                           else ("compute", "wait", "reduce"))
     return out, (decode if tbuf is not None else None)
@@ -310,8 +302,6 @@ def _fused(comm, a: torch.Tensor, b: torch.Tensor, *, send: bool = True):
 def _sequential(comm, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """torch.matmul, then commlab's reduce-scatter (on 2xH200 its kernel is faster than
     NCCL's at every size, bench/results/2xh200-w2.json)."""
-    from commlab.collectives.reduce_scatter import reduce_scatter
-
     return reduce_scatter(a @ b)
 
 
@@ -322,7 +312,7 @@ def gemm_rs(a: torch.Tensor, b: torch.Tensor, *, algorithm: str = "auto") -> tor
     algorithm: "fused" (overlapped Triton kernel), "sequential" (matmul, then
     reduce-scatter), or "auto" (the measured rule in ``commlab.overlap._dispatch``)."""
     comm = comm_or_raise()
-    oc.agree_args("gemm_rs", comm, a, b, algorithm, rows_divisible=True)
+    _args.agree_args("gemm_rs", comm, a, b, algorithm, rows_divisible=True)
     nbytes = (comm.world_size - 1) * (a.shape[0] // comm.world_size) * b.shape[1] * a.element_size()
     return run("gemm_rs", comm, a, b, algorithm, m=a.shape[0], nbytes=nbytes,
                sequential=_sequential, fused=_fused)

@@ -1,11 +1,11 @@
 """Which form of the Triton GEMM is fastest on this GPU? One GPU, no communication.
 
-    python bench/gpu_gemm_variants.py --out DIR                # split tail off/on
-    python bench/gpu_gemm_variants.py --out DIR --what forms   # the store/loop forms
+    python bench/probes/gpu_gemm_variants.py --out DIR                # split tail off/on
+    python bench/probes/gpu_gemm_variants.py --out DIR --what forms   # the store/loop forms
 
-"--what tail" (default) times commlab's own GEMM (``commlab.overlap._gemm.matmul``, the
+"--what tail" (default) times commlab's own GEMM (``commlab.overlap.matmul``, the
 fused kernels' tile loop) with the partial last wave's tiles whole ("off") and split
-along K ("on", the default: ``_common.schedule``), next to cuBLAS, on every local GEMM of bench/gpu_overlap.py: the all-gather
+along K ("on", the default: ``commlab.overlap.schedule``), next to cuBLAS, on every local GEMM of commlab.bench.overlap: the all-gather
 GEMMs at M rows, the reduce-scatter GEMMs at M and M/2 rows (the fused gemm_rs launches
 one GEMM per row chunk). Writes DIR/gemm-split-tail.json.
 
@@ -39,9 +39,10 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from commlab.bench._timing import time_per_call
+from commlab import overlap
+from commlab.bench import time_per_call
 
-# (name, M, K, N): the local GEMMs of bench/gpu_overlap.py (W=2)
+# (name, M, K, N): the local GEMMs of commlab.bench.overlap (W=2)
 SHAPES = [("ag 8B", 8192, 4096, 14336), ("rs 8B", 8192, 7168, 4096)]
 # (variant, its switches, tile): warp specialization last (the riskiest to compile)
 RUNS = [("base", {}, "128x256x64w8s3"), ("base", {}, "128x256x64w8s4"),
@@ -121,7 +122,7 @@ def save(out_dir: str, dev, records: list) -> None:
         triton=triton.__version__, records=records), indent=1) + "\n")
 
 
-# (op, model, K, N) of bench/gpu_overlap.py, W=2
+# (op, model, K, N) of commlab.bench.overlap, W=2
 SK_SHAPES = [("ag", "8B", 4096, 14336), ("ag", "70B", 8192, 28672),
              ("rs", "8B", 7168, 4096), ("rs", "70B", 14336, 8192)]
 SK_MS = (512, 2048, 8192, 16384)
@@ -132,9 +133,6 @@ ROUNDS = 3
 def split_tail(out_dir: str, dev) -> None:
     from types import SimpleNamespace
 
-    from commlab.overlap import _common as oc
-    from commlab.overlap._gemm import matmul
-
     comm = SimpleNamespace(backend="cuda", device=dev)
     records = []
     for op, model, k, n in SK_SHAPES:
@@ -144,32 +142,32 @@ def split_tail(out_dir: str, dev) -> None:
                 a = torch.randn(m, k, device=dev, generator=g).bfloat16()
                 b = (torch.randn(k, n, device=dev, generator=g) / k**0.5).bfloat16()
                 ref = a @ b
-                tiles = triton.cdiv(m, oc.GPU_TILE.BM) * triton.cdiv(n, oc.GPU_TILE.BN)
+                tiles = triton.cdiv(m, overlap.GPU_TILE.BM) * triton.cdiv(n, overlap.GPU_TILE.BN)
                 times: dict = {mode: [] for mode in MODES}
                 cublas_t = []
                 for rnd in range(ROUNDS):  # interleaved: clock drift hits every mode alike
                     cublas_t.append(time_us(lambda: a @ b))
                     for mode in MODES:
-                        oc.SPLIT_TAIL = mode == "on"
-                        if rnd == 0:
-                            out = matmul(comm, a, b)
-                            err = (out.float() - ref.float()).abs().max().item()
-                            if not err <= 2e-2 * max(1.0, ref.float().abs().max().item()):
-                                raise AssertionError(f"{op} {model} M={m} split tail {mode}: "
-                                                     f"wrong result, max error {err:.3g}")
-                        times[mode].append(time_us(lambda: matmul(comm, a, b)))
+                        with overlap.launch_options(split_tail=mode == "on"):
+                            if rnd == 0:
+                                out = overlap.matmul(comm, a, b)
+                                err = (out.float() - ref.float()).abs().max().item()
+                                if not err <= 2e-2 * max(1.0, ref.float().abs().max().item()):
+                                    raise AssertionError(f"{op} {model} M={m} split tail "
+                                                         f"{mode}: wrong result, max error "
+                                                         f"{err:.3g}")
+                            times[mode].append(time_us(lambda: overlap.matmul(comm, a, b)))
                 cublas = sorted(cublas_t)[ROUNDS // 2]
                 line = f"{op} {model:3} M={m:5d} cuBLAS {cublas:7.1f}"
                 rec = dict(op=op, model=model, m=m, k=k, n=n, cublas_us=cublas)
                 for mode in MODES:
-                    oc.SPLIT_TAIL = mode == "on"
-                    sched = oc.schedule(comm, oc.GPU_TILE, tiles, k)
+                    with overlap.launch_options(split_tail=mode == "on"):
+                        sched = overlap.schedule(comm, overlap.GPU_TILE, tiles, k)
                     t = sorted(times[mode])[len(times[mode]) // 2]
                     line += f" | {mode} {t:7.1f} ({t / cublas - 1:+.1%})"
                     rec[mode] = dict(time_us=t, rounds=times[mode], dp_tiles=sched.dp_tiles,
                                      tiles=tiles, split=sched.split)
                     line += f" [split {sched.split}]" if sched.split else ""
-                oc.SPLIT_TAIL = True
                 records.append(rec)
                 print(line + f"  [tiles {tiles}, waves {tiles / sched.programs:.2f}]",
                       flush=True)

@@ -1,6 +1,6 @@
 """Bandwidth sweep for the push collectives, against NCCL and the link's own ceiling.
 
-    torchrun --nproc-per-node 2 bench/gpu_sweep.py
+    torchrun --nproc-per-node 2 bench/probes/gpu_sweep.py
 
 The ceiling: every rank pushes N bytes into its peer with the same launch shape and no
 reduction or copy-out (a kernel doing only the stores), which bounds what any SM-driven
@@ -16,10 +16,10 @@ os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-from gpu_link_ceiling import move_kernel  # noqa: E402 (bench/: the push-only kernel)
+from gpu_link_ceiling import move_kernel  # noqa: E402 (bench/probes/: the push-only kernel)
 
 import commlab  # noqa: E402
-from commlab.bench._timing import time_back_to_back  # noqa: E402
+from commlab.bench import time_back_to_back  # noqa: E402
 from commlab.collectives import _common  # noqa: E402
 
 

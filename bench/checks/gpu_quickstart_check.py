@@ -1,6 +1,6 @@
 """Check the notebook engine on a machine with 2 GPUs: run with plain `python`.
 
-    python bench/gpu_quickstart_check.py [--ranks 2]
+    python bench/checks/gpu_quickstart_check.py [--ranks 2]
 
 Starts the magics in an IPython InteractiveShell with ``%dist_start -n 2 --backend cuda``,
 then runs a collective cell, a failing cell, a hang cell with ``--timeout`` and a

@@ -1,7 +1,7 @@
 """Which NVML NVLink counter reads are safe on this machine? Each case runs in its own
 process (a crash inside NVML must not take the others down) and prints its exit code.
 
-    python bench/nvml_probe.py
+    python bench/checks/nvml_probe.py
 
 Cases read NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/RX (138/139) with the link index as
 scope id for GPU 0, 20 times: all links in one call, one link (2 fields) per call, one

@@ -1,7 +1,7 @@
 """What can any algorithm move over one NVLink direction? Launch shapes, push vs pull,
 SMs vs copy engines, one direction vs both at once.
 
-    torchrun --nproc-per-node 2 bench/gpu_link_ceiling.py [--out DIR]
+    torchrun --nproc-per-node 2 bench/probes/gpu_link_ceiling.py [--out DIR]
 
 Every rank moves S bytes into (push) or out of (pull) its peer's symmetric scratch, both
 ranks at once ("bidirectional", what all_gather/reduce_scatter/all_reduce do) or rank 0
@@ -26,7 +26,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 import commlab  # noqa: E402
-from commlab.bench._timing import time_back_to_back  # noqa: E402
+from commlab.bench import time_back_to_back  # noqa: E402
 from commlab.collectives import _sync  # noqa: E402
 from commlab.collectives._common import peer_ptr  # noqa: E402
 from commlab.runtime.peer import peer_view  # noqa: E402

@@ -1,6 +1,6 @@
 """Overlapped all-gather+GEMM and GEMM+reduce-scatter on GPUs: check, then time side by side.
 
-    torchrun --nproc-per-node 2 bench/gpu_overlap.py --out bench/results
+    torchrun --nproc-per-node 2 -m commlab.bench.overlap --out bench/results
 
 1. Correctness: commlab.ag_gemm / gemm_rs (fused) against NCCL + torch.matmul on fresh
    random data, bf16 and fp16, shapes that are not multiples of the tiles.
@@ -10,7 +10,7 @@
    torch.matmul / the reverse), "commlab:auto" (the dispatch rule), "torch_symm_mem:fused"
    (torch.ops.symm_mem.fused_all_gather_matmul / fused_matmul_reduce_scatter),
    "comm_only" (the NCCL collective alone), "gemm_only" (torch.matmul alone) and
-   "triton_gemm_only" (the fused kernels' own Triton GEMM alone, commlab.overlap._gemm).
+   "triton_gemm_only" (the fused kernels' own Triton GEMM alone, commlab.overlap.matmul).
    Each: warm-up, then the median of per-call CUDA-event times over back-to-back calls
    queued behind a device sleep (so the events bracket device time, not the host's
    Python), the slowest rank's median; --rounds interleaved rounds per shape (every impl
@@ -35,16 +35,18 @@ import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
-os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
+import torch
+import torch.distributed as dist
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
+import commlab
+from commlab import overlap
+from commlab.bench._records import device_name, git_commit, machine_tag
+from commlab.bench._timing import QUEUE_SLEEP_CYCLES, time_per_call
 
-import commlab  # noqa: E402
-from commlab.bench._records import device_name, git_commit, machine_tag  # noqa: E402
-from commlab.bench._timing import QUEUE_SLEEP_CYCLES, time_per_call  # noqa: E402
+# NVLink multicast stays off (NCCL NVLS, PyTorch symmetric memory, NVSHMEM); main() sets
+# these before the process group starts
+SAFE_ENV = {"TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NCCL_NVLS_ENABLE": "0",
+            "NVSHMEM_DISABLE_NVLS": "1"}
 
 # Llama-3 tensor-parallel MLP projections at W=2 (DESIGN.md): (K, N) of the local GEMM
 SHAPES = {
@@ -63,8 +65,7 @@ def log(comm, *a):
 
 
 def make_impls(comm, op: str, m: int, k: int, n: int, dtype=torch.bfloat16) -> dict:
-    from commlab.overlap._gemm import matmul
-
+    matmul = overlap.matmul
     dev, w = comm.device, comm.world_size
     g = torch.Generator(device=dev).manual_seed(17 + comm.rank)
     group_name = comm.group.group_name
@@ -201,19 +202,15 @@ def bench(comm, args, save) -> list[dict]:
 
 def parse_tile(text: str):
     """"128x256x64w8s3" -> TileConfig(BM=128, BN=256, BK=64, GROUP_M=8, warps 8, stages 3)."""
-    from commlab.overlap._common import TileConfig
-
     dims, rest = text.split("w")
     bm, bn, bk = (int(v) for v in dims.split("x"))
     warps, stages = (int(v) for v in rest.split("s"))
-    return TileConfig(bm, bn, bk, 8, warps, stages)
+    return overlap.TileConfig(bm, bn, bk, 8, warps, stages)
 
 
 def tile_sweep(comm, args) -> list[dict]:
     """The fused kernels under other tile configurations (same timing as bench())."""
-    from commlab.overlap import _common as oc
-
-    default = oc.GPU_TILE
+    default = overlap.GPU_TILE
     tiles = [default] + [parse_tile(t) for t in args.tiles.split(",") if t]
     name = lambda c: f"{c.BM}x{c.BN}x{c.BK}w{c.num_warps}s{c.num_stages}"  # noqa: E731
     records, commit = [], os.environ.get("COMMLAB_COMMIT") or git_commit()
@@ -233,15 +230,15 @@ def tile_sweep(comm, args) -> list[dict]:
                 tol = tol.item()
                 row = []
                 for cfg in tiles:
-                    oc.GPU_TILE = cfg
                     try:
-                        err = (fn(a, b, algorithm="fused").float() - ref).abs().max()
-                        dist.all_reduce(err, op=dist.ReduceOp.MAX, group=comm.group)
-                        err = err.item()  # every rank takes the same branch below
-                        if not err <= tol:  # a wrong result is a failure, not a time
-                            raise AssertionError(f"max error {err:.3g} > {tol:.3g}")
-                        t = time_us(comm, lambda: fn(a, b, algorithm="fused"), 3,
-                                    max(10, args.iters // 2))
+                        with overlap.launch_options(gpu_tile=cfg):
+                            err = (fn(a, b, algorithm="fused").float() - ref).abs().max()
+                            dist.all_reduce(err, op=dist.ReduceOp.MAX, group=comm.group)
+                            err = err.item()  # every rank takes the same branch below
+                            if not err <= tol:  # a wrong result is a failure, not a time
+                                raise AssertionError(f"max error {err:.3g} > {tol:.3g}")
+                            t = time_us(comm, lambda: fn(a, b, algorithm="fused"), 3,  # noqa: B023 (timed here)
+                                        max(10, args.iters // 2))
                     except Exception as e:  # e.g. out of shared memory: report, go on
                         log(comm, f"  {name(cfg)} failed: {type(e).__name__}: {e}"[:200])
                         t = float("nan")
@@ -250,7 +247,6 @@ def tile_sweep(comm, args) -> list[dict]:
                                         k=k, dtype="bfloat16", world_size=comm.world_size,
                                         time_us=round(t, 2), device=device_name(comm),
                                         commit=commit, mode="queued", model=f"llama3-{model}"))
-                oc.GPU_TILE = default
                 log(comm, f"{op:8} {model:5} {m:6d} " + " ".join(f"{t:9.1f}" for t in row))
     return records
 
@@ -268,12 +264,8 @@ def traced(comm) -> list[dict]:
         fn = commlab.ag_gemm if op == "ag_gemm" else commlab.gemm_rs
         # warm-up with a trace on: the traced kernels are compiled variants of their own
         # (TRACE=True); compiled inside the recorded call, gemm_rs's second launch would
-        # start a second after its first. Two calls: at 86348d5 Triton specialized the
-        # epoch argument when it was 1, so the first call on new buffers compiled a
-        # variant of its own and the recorded call the general one, between its
-        # launches. The fused kernels now say do_not_specialize=["epoch"], so one
-        # warm-up call would do; the second costs a few ms and keeps older traces
-        # comparable
+        # start a second after its first. (One call would do, the epoch is not
+        # specialized; the second keeps the recorded traces comparable with older ones.)
         commlab.trace.start()
         fn(a, b, algorithm="fused")
         fn(a, b, algorithm="fused")
@@ -284,7 +276,7 @@ def traced(comm) -> list[dict]:
         # queued behind a device sleep, as the timed calls are: the timeline shows the
         # GPU's time, not gaps where it waited for the host to launch the next kernel
         # (traced, gemm_rs's own-chunk launch otherwise started 147-773 us after its
-        # first launch ended, bench/results/rs-variants-2xh200.json at 4f4708a)
+        # first launch ended, bench/results/rs-variants-2xh200.json)
         torch.cuda._sleep(QUEUE_SLEEP_CYCLES)
         fn(a, b, algorithm="fused")
         got = commlab.trace.stop()
@@ -292,8 +284,11 @@ def traced(comm) -> list[dict]:
     return spans
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv=None) -> int:
+    for k, v in SAFE_ENV.items():
+        os.environ.setdefault(k, v)
+    p = argparse.ArgumentParser(prog="python -m commlab.bench.overlap",
+                                description=__doc__.split("\n")[0])
     p.add_argument("--out", default="bench/results", help="directory for the JSON files")
     p.add_argument("--m-values", default=",".join(map(str, MS)), help="comma-separated M values")
     p.add_argument("--models", default="8B,70B")
@@ -308,7 +303,7 @@ def main() -> int:
     p.add_argument("--tiles", default="",
                    help="also time the fused kernels under these tile configs, e.g. "
                         "128x128x64w8s4,256x128x64w8s3 (written to overlap-tiles-*.json)")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     t0 = time.time()
     comm = commlab.init(backend="cuda", heap_size="6GiB", scratch_size="256MiB")
     torch.cuda.set_device(comm.device)

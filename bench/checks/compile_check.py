@@ -2,7 +2,7 @@
 registers, spills and shared memory: a cheap check, before any device time, that a
 change to the tile loop did not push the 128x256 accumulator into local memory.
 
-    TRITON_INTERPRET=0 python bench/compile_check.py [IR_DIR]   # needs triton's ptxas
+    TRITON_INTERPRET=0 python bench/checks/compile_check.py [IR_DIR]   # needs triton's ptxas
 
 With IR_DIR, each kernel's TTGIR goes there too (is the K loop pipelined: async TMA
 copies and ``isAsync`` warp-group dots inside it?).
@@ -21,12 +21,15 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from commlab.overlap import _common as oc  # noqa: E402
-from commlab.overlap._gemm import gemm_kernel  # noqa: E402
-from commlab.overlap.ag_gemm import ag_gemm_kernel  # noqa: E402
-from commlab.overlap.gemm_rs import MAX_PIECES, gemm_rs_kernel  # noqa: E402
+from commlab.overlap import (  # noqa: E402
+    GPU_TILE,
+    MAX_PIECES,
+    ag_gemm_kernel,
+    gemm_kernel,
+    gemm_rs_kernel,
+)
 
-T = oc.GPU_TILE
+T = GPU_TILE
 DESC = {"a": f"tensordesc<bf16[{T.BM},{T.BK}]>", "b": f"tensordesc<bf16[{T.BK},{T.BN}]>",
         "out": f"tensordesc<bf16[{T.BM},{T.BN}]>",
         "inbox": f"tensordesc<bf16[1,{T.BM},{T.BN}]>"}

@@ -1,6 +1,6 @@
 """Where does the fused GEMM + reduce-scatter spend the time its GEMM alone does not?
 
-    torchrun --nproc-per-node 2 bench/gpu_rs_variants.py --out DIR
+    torchrun --nproc-per-node 2 bench/probes/gpu_rs_variants.py --out DIR
 
 At 86348d5 the fused gemm_rs hid 79.6% of the reduce-scatter for Llama-3 8B at M=8192:
 638.4 us against 608.8 us for its Triton GEMM alone (bench/results/overlap-2xh200-w2.json).
@@ -46,12 +46,12 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import commlab  # noqa: E402
-from commlab.bench._records import device_name, git_commit  # noqa: E402
-from commlab.bench._timing import QUEUE_SLEEP_CYCLES, time_per_call  # noqa: E402
+from commlab.bench import QUEUE_SLEEP_CYCLES, device_name, git_commit, time_per_call  # noqa: E402
+from commlab.overlap import matmul  # noqa: E402
 
 rs = importlib.import_module("commlab.overlap.gemm_rs")  # (the package exports the function)
 
-# (model, M, K, N) of the local GEMM, W=2 (bench/gpu_overlap.py SHAPES)
+# (model, M, K, N) of the local GEMM, W=2 (commlab.bench.overlap.SHAPES)
 SHAPES = [("8B", 8192, 7168, 4096), ("70B", 8192, 14336, 8192), ("8B", 16384, 7168, 4096),
           ("70B", 2048, 14336, 8192)]
 FORMS = {"load": (False, 4 << 20), "tma": (True, 4 << 20), "tma/16MiB": (True, 16 << 20)}
@@ -109,7 +109,6 @@ class Clocks:
 
 
 def impls(comm, a, b, part, out) -> dict:
-    from commlab.overlap._gemm import matmul
 
     def fused(name):
         def run():

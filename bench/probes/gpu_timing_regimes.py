@@ -1,8 +1,8 @@
 """Two ways to time the overlap benchmark's impls, side by side, with the SM clock.
 
-    torchrun --nproc-per-node 2 bench/gpu_timing_regimes.py --out DIR
+    torchrun --nproc-per-node 2 bench/probes/gpu_timing_regimes.py --out DIR
 
-At ecf8b0e bench/gpu_overlap.py timed every impl's calls interleaved in one queued
+At ecf8b0e the overlap benchmark (then bench/gpu_overlap.py) timed every impl's calls interleaved in one queued
 window per round (impl 1, impl 2, ..., impl 1, ...) instead of a window per impl, and
 every time rose (cuBLAS 8B M=8192 598 -> 681 us) while the hidden shares moved by up to
 28 points (bench/results/history/overlap-2xh200-w2-interleaved-ecf8b0e.json). Was the GPU
@@ -34,7 +34,7 @@ What it found at b0805c5 (bench/results/timing-regimes-2xh200.json, 3 rounds, 4 
   "sequential" 70.0 -> 111.7 us), where a turn of all nine impls is ~0.6 ms of device
   work, about what the host spends enqueueing it (35-70 us of Python per commlab call):
   probably host gaps inside the event pairs.
-bench/gpu_overlap.py keeps a window per impl (the regime of every recorded result).
+commlab.bench.overlap keeps a window per impl (the regime of every recorded result).
 """
 
 from __future__ import annotations
@@ -55,11 +55,10 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import commlab  # noqa: E402
-from commlab.bench._records import git_commit  # noqa: E402
-from commlab.bench._timing import QUEUE_SLEEP_CYCLES, time_per_call  # noqa: E402
+from commlab.bench import QUEUE_SLEEP_CYCLES, git_commit, time_per_call  # noqa: E402
+from commlab.bench.overlap import SHAPES, make_impls  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
-from gpu_overlap import SHAPES, make_impls  # noqa: E402
 from gpu_rs_variants import Clocks  # noqa: E402
 
 CASES = [("gemm_rs", "8B", 8192), ("ag_gemm", "8B", 16384), ("gemm_rs", "70B", 8192)]

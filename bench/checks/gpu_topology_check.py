@@ -1,6 +1,6 @@
 """Record this GPU machine's topology and link bandwidth as commlab sample data.
 
-    python bench/gpu_topology_check.py OUT_DIR [--name 2xh200] [--ranks 2]
+    python bench/checks/gpu_topology_check.py OUT_DIR [--name 2xh200] [--ranks 2]
 
 Writes into OUT_DIR:
   {name}-recorded.json    commlab.topology.discover() (NVML + sysfs), ranks mapped to GPUs
@@ -83,7 +83,7 @@ def main() -> int:
                      backend="cuda", timeout=600)
     topo = T.world_topology([o["info"] for o in outs], host=topo)
     topo.name = f"{args.name} (recorded)"
-    topo.description = (f"Recorded by bench/gpu_topology_check.py on {time.strftime('%Y-%m-%d')}"
+    topo.description = (f"Recorded by bench/checks/gpu_topology_check.py on {time.strftime('%Y-%m-%d')}"
                         f" through NVML and sysfs; ranks 0..{args.ranks - 1} on the GPUs listed.")
     topo.sources = ["NVML (nvidia-ml-py) on the machine", "Linux sysfs", "torch "
                     + torch.__version__]

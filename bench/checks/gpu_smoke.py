@@ -1,7 +1,7 @@
 """First GPU check: correctness against NCCL for every op x algorithm x dtype, the device
 language in compiled Triton, heap lifetimes; then a quick eager timing table.
 
-    torchrun --nproc-per-node 2 bench/gpu_smoke.py
+    torchrun --nproc-per-node 2 bench/checks/gpu_smoke.py
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import triton.language as tl  # noqa: E402
 
 import commlab  # noqa: E402
 import commlab.language as cl  # noqa: E402
-from commlab.bench._timing import time_back_to_back  # noqa: E402
+from commlab.bench import time_back_to_back  # noqa: E402
 
 
 @triton.jit

@@ -1,7 +1,7 @@
 """How fast is the notebook engine? Start-up of a 4-rank CPU world and the round trip
 of a trivial cell, side by side with ipyparallel's own ``%%px`` in the same run.
 
-    python bench/engine_startup.py [--ranks 4] [--starts 3] [--cells 60]
+    python bench/probes/engine_startup.py [--ranks 4] [--starts 3] [--cells 60]
 
 Writes bench/results/engine-cpu.json and prints a table. The target: a ``%%distributed``
 round trip within 1.5x of ``%%px`` (both go through the same zmq controller; ours adds
