@@ -9,7 +9,7 @@ from commlab import _interpret
 
 _interpret.decide()  # before any kernel is defined: CPU backend = Triton's interpreter
 
-from commlab import trace  # noqa: E402
+from commlab import trace, tuning  # noqa: E402,F401 (tuning: auto's measured tables)
 from commlab.collectives import (  # noqa: E402
     all_gather,
     all_reduce,

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 import commlab
-from commlab.runtime.communicator import _parse_size
+from commlab.runtime import parse_size
 
 
 def _time(fn, comm, reps: int) -> float:
@@ -39,7 +39,7 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     comm = commlab.init(backend=args.backend)
     r, w = comm.rank, comm.world_size
-    n = max(w, _parse_size(args.size) // 4 // w * w)
+    n = max(w, parse_size(args.size) // 4 // w * w)
     gen = torch.Generator().manual_seed(2026 + r)
     x = torch.randn(n, generator=gen).to(comm.device)
     ops = {

@@ -13,18 +13,14 @@ import triton
 import triton.language as tl
 
 import commlab.language as cl
-from commlab import trace
 from commlab.runtime._control import Signature
 from commlab.runtime.communicator import Communicator, get_communicator
 from commlab.runtime.heap import MAX_BARRIER_BLOCKS
+from commlab.trace import collective as _span
+from commlab.trace import needed as _tracing
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.int32)
 OPS = {"sum": 0, "max": 1, "min": 2}
-ALGORITHMS = ("auto", "one_shot", "two_shot", "ring")  # all_reduce
-# all_gather, all_to_all, broadcast: SM pushes ("direct") or copy-engine DMA
-MOVE_ALGORITHMS = ("auto", "direct", "copy_engine")
-OP_ALGORITHMS = {"all_reduce": ALGORITHMS, "all_gather": MOVE_ALGORITHMS,
-                 "all_to_all": MOVE_ALGORITHMS, "broadcast": MOVE_ALGORITHMS}
 MAX_PROGRAMS = MAX_BARRIER_BLOCKS  # signal-pad rows and epoch slots: one per program
 
 
@@ -43,10 +39,16 @@ class Call:
     sig: Signature | None = None
 
 
-def check_local(op_name: str, comm: Communicator, x, *, reduce_op: str | None = None,
-                algorithm: str | None = None, split_dim0: bool = False,
-                src: int | None = None) -> str:
-    """Return the first rule ``x`` breaks on this rank, or "" (the text states the fix)."""
+def _choices(options) -> str:
+    return ", ".join(map(repr, options))
+
+
+def check_local(comm: Communicator, x, algorithm, algorithms: tuple[str, ...],
+                params: dict, shape_rule=None) -> str:
+    """Return the first rule this rank's call breaks, or "" (the text states the fix).
+
+    ``params``: "op" (a reduction) and "src" (a rank) are checked whatever their value,
+    so ``op=None`` is refused here, on every rank, like any other bad value."""
     if not isinstance(x, torch.Tensor):
         return f"expected a torch.Tensor, got {type(x).__name__}; pass a tensor"
     if x.dtype not in DTYPES:
@@ -56,20 +58,32 @@ def check_local(op_name: str, comm: Communicator, x, *, reduce_op: str | None = 
         return f"tensor is on {x.device} but this rank's device is {comm.device}; pass x.to(comm.device)"
     if comm.backend == "cpu" and x.device.type != "cpu":
         return f"tensor is on {x.device} but the backend is 'cpu'; pass x.cpu()"
-    if reduce_op is not None and reduce_op not in OPS:
-        return f"op must be one of {', '.join(map(repr, OPS))}, got {reduce_op!r}"
-    valid = OP_ALGORITHMS.get(op_name, ALGORITHMS)
-    if algorithm is not None and algorithm not in valid:
-        return (f"{op_name}: algorithm must be one of {', '.join(map(repr, valid))}, "
-                f"got {algorithm!r}")
-    if split_dim0:
-        if x.dim() == 0:
-            return "needs a tensor with at least one dimension, got a 0-d tensor; pass x.reshape(1)"
-        if x.shape[0] % comm.world_size:
-            return (f"dim 0 ({x.shape[0]}) must be divisible by the world size "
-                    f"({comm.world_size}); pad dim 0 to a multiple of {comm.world_size}")
-    if src is not None and not (isinstance(src, int) and 0 <= src < comm.world_size):
+    if "op" in params and not (isinstance(params["op"], str) and params["op"] in OPS):
+        return f"op must be one of {_choices(OPS)}, got {params['op']!r}"
+    if not (isinstance(algorithm, str) and algorithm in algorithms):
+        return f"algorithm must be one of {_choices(algorithms)}, got {algorithm!r}"
+    src = params.get("src", 0)
+    if not (isinstance(src, int) and not isinstance(src, bool) and 0 <= src < comm.world_size):
         return f"src must be a rank in 0..{comm.world_size - 1}, got {src!r}"
+    if shape_rule is not None:
+        return shape_rule(x, comm.world_size)
+    return ""
+
+
+def needs_dim(x: torch.Tensor, world: int) -> str:
+    """Shape rule: at least one dimension (the output concatenates along dim 0)."""
+    if x.dim() == 0:
+        return "needs a tensor with at least one dimension, got a 0-d tensor; pass x.reshape(1)"
+    return ""
+
+
+def split_dim0(x: torch.Tensor, world: int) -> str:
+    """Shape rule: dim 0 splits into ``world`` equal chunks."""
+    if x.dim() == 0:
+        return "needs a tensor with at least one dimension, got a 0-d tensor; pass x.reshape(1)"
+    if x.shape[0] % world:
+        return (f"dim 0 ({x.shape[0]}) must be divisible by the world size "
+                f"({world}); pad dim 0 to a multiple of {world}")
     return ""
 
 
@@ -94,9 +108,9 @@ _NO_TRACE = contextlib.nullcontext()
 def traced(op: str, nbytes: int, algorithm: str, device):
     """A "comm" span while a trace is recording (or torch.profiler runs); a shared no-op
     otherwise (no cost)."""
-    if not trace.needed():
+    if not _tracing():
         return _NO_TRACE
-    return trace.collective(op, nbytes, algorithm, device)
+    return _span(op, nbytes, algorithm, device)
 
 
 # --- launch shapes ----------------------------------------------------------------

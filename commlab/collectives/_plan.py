@@ -36,7 +36,10 @@ class Plan:
 
 def fast_call(comm, key: tuple, x) -> torch.Tensor | None:
     """Run the cached plan for ``key`` if there is one; None means "take the slow path"."""
-    plan = comm.plans.get(key)
+    try:
+        plan = comm.plans.get(key)
+    except TypeError:  # an unhashable parameter (op=["sum"]): the checks will refuse it
+        return None
     if plan is None or not x.is_contiguous():
         return None
     comm.control.agree(plan.sig, plan.raw)

@@ -26,9 +26,9 @@ backend always uses ``direct`` (the path that shows the device language).
 
 from __future__ import annotations
 
-import torch
+from collections.abc import Callable
 
-from commlab.tuning import lookup
+import torch
 
 ONE_SHOT_MAX_BYTES = 256 * 1024
 ONE_SHOT_MAX_BYTES_TWO_RANKS = 2 * 1024 * 1024
@@ -46,8 +46,24 @@ def default_all_reduce(world_size: int, nbytes: int, backend: str = "cuda") -> s
     return "one_shot" if nbytes <= limit else "two_shot"
 
 
+# (comm, op, dtype, nbytes) -> the measured winner or None; commlab.tuning installs its
+# table lookup here when it is imported (``import commlab`` does), so collectives never
+# import the measuring layer above them.
+_tuned: Callable | None = None
+
+
+def use_tuning(lookup: Callable | None) -> None:
+    """Make ``auto`` ask ``lookup(comm, op, dtype, nbytes)`` before the defaults."""
+    global _tuned
+    _tuned = lookup
+
+
+def _lookup(comm, op: str, dtype, nbytes: int) -> str | None:
+    return _tuned(comm, op, dtype, nbytes) if _tuned is not None else None
+
+
 def choose_all_reduce(comm, dtype, nbytes: int) -> str:
-    return lookup(comm, "all_reduce", dtype, nbytes) or default_all_reduce(
+    return _lookup(comm, "all_reduce", dtype, nbytes) or default_all_reduce(
         comm.world_size, nbytes, comm.backend)
 
 
@@ -56,7 +72,16 @@ def choose_move(comm, op: str, dtype, nbytes: int) -> str:
     table (measured in CUDA graphs) is consulted only while a graph is being captured."""
     if comm.backend != "cuda" or not torch.cuda.is_current_stream_capturing():
         return "direct"
-    return lookup(comm, op, dtype, nbytes) or "direct"
+    return _lookup(comm, op, dtype, nbytes) or "direct"
+
+
+def choose(comm, op: str, dtype, nbytes: int, algorithms: tuple[str, ...]) -> str:
+    """What ``algorithm="auto"`` runs for ``op`` (of ``algorithms``, its bodies)."""
+    if len(algorithms) == 1:
+        return algorithms[0]
+    if op == "all_reduce":
+        return choose_all_reduce(comm, dtype, nbytes)
+    return choose_move(comm, op, dtype, nbytes)
 
 
 def capturing_auto(comm, algorithm: str) -> bool:

@@ -25,14 +25,14 @@ import triton.language as tl
 import commlab.language as cl
 from commlab.collectives import _copy_engine, _sync
 from commlab.collectives._common import (
-    comm_or_raise,
     launch_for,
+    needs_dim,
     peer_ptr,
     rounds_for,
     slot_elems,
 )
+from commlab.collectives._host import Collective, run
 from commlab.collectives._launch import launch
-from commlab.collectives._move import run_move
 
 
 @triton.jit
@@ -94,20 +94,14 @@ def all_gather(x: torch.Tensor, algorithm: str = "auto") -> torch.Tensor:
     ``x`` must have the same shape and dtype on every rank; returns a new tensor of shape
     ``[world_size * x.shape[0], *x.shape[1:]]``. ``algorithm``: "direct" (SM pushes, this
     file), "copy_engine" (DMA, ``_copy_engine``) or "auto" (``_select``)."""
-    world = comm_or_raise().world_size
+    return run(ALL_GATHER, x, algorithm)
 
+
+def _gathered(world: int):
     def make_out(t):
         return torch.empty((world * t.shape[0], *t.shape[1:]), dtype=t.dtype, device=t.device)
 
-    return run_move("all_gather", x, algorithm,
-                    {"direct": _all_gather, "copy_engine": _all_gather_ce},
-                    make_out=make_out, extra_rule=_not_0d)
-
-
-def _not_0d(x: torch.Tensor) -> str:
-    if x.dim() == 0:
-        return "needs a tensor with at least one dimension, got a 0-d tensor; pass x.reshape(1)"
-    return ""
+    return make_out
 
 
 def _all_gather_ce(comm, x: torch.Tensor, out: torch.Tensor, record: list | None = None) -> None:
@@ -136,3 +130,7 @@ def _all_gather(comm, x: torch.Tensor, out: torch.Tensor, record: list | None = 
                (flat[lo:hi], out, scratch, comm.context, hi - lo, cap, n, lo),
                {"BLOCK": cfg.block, "ROUNDS": rounds_for(comm, hi - lo, cfg)},
                num_warps=cfg.num_warps, backend=comm.backend, record=record)
+
+
+ALL_GATHER = Collective("all_gather", {"direct": _all_gather, "copy_engine": _all_gather_ce},
+                        shape_rule=needs_dim, output=_gathered, capture_choice=True)

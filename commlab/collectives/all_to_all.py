@@ -28,9 +28,10 @@ from commlab.collectives._common import (
     peer_ptr,
     rounds_for,
     slot_elems,
+    split_dim0,
 )
+from commlab.collectives._host import Collective, run
 from commlab.collectives._launch import launch
-from commlab.collectives._move import run_move
 
 
 @triton.jit
@@ -93,9 +94,7 @@ def all_to_all(x: torch.Tensor, algorithm: str = "auto") -> torch.Tensor:
     """Exchange chunks: dim 0 in ``world_size`` chunks, chunk j goes to rank j; the result
     holds, in rank order, the chunk each rank sent here. ``algorithm``: "direct" (SM
     pushes), "copy_engine" (DMA, ``_copy_engine``) or "auto" (``_select``)."""
-    return run_move("all_to_all", x, algorithm,
-                    {"direct": _all_to_all, "copy_engine": _all_to_all_ce},
-                    rules={"split_dim0": True})
+    return run(ALL_TO_ALL, x, algorithm)
 
 
 def _all_to_all_ce(comm, x, out, record: list | None = None) -> None:
@@ -124,3 +123,7 @@ def _all_to_all(comm, x, out, record: list | None = None) -> None:
                (x.view(-1), out.view(-1), scratch, comm.context, hi - lo, cap, c, lo),
                {"BLOCK": cfg.block, "ROUNDS": rounds_for(comm, hi - lo, cfg)},
                num_warps=cfg.num_warps, backend=comm.backend, record=record)
+
+
+ALL_TO_ALL = Collective("all_to_all", {"direct": _all_to_all, "copy_engine": _all_to_all_ce},
+                        shape_rule=split_dim0, capture_choice=True)

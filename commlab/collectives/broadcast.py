@@ -37,8 +37,8 @@ from commlab.collectives._common import (
     rounds_for,
     slot_elems,
 )
+from commlab.collectives._host import Collective, run
 from commlab.collectives._launch import launch
-from commlab.collectives._move import run_move
 
 
 @triton.jit
@@ -91,9 +91,7 @@ def broadcast(x: torch.Tensor, src: int = 0, algorithm: str = "auto") -> torch.T
     """Return a copy of rank ``src``'s ``x`` on every rank (``x`` gives shape and dtype
     elsewhere and must match src's). ``algorithm``: "direct" (SM pushes), "copy_engine"
     (DMA, ``_copy_engine``) or "auto" (``_select``)."""
-    return run_move("broadcast", x, algorithm,
-                    {"direct": _broadcast, "copy_engine": _broadcast_ce},
-                    rules={"src": src}, fields={"src": src})
+    return run(BROADCAST, x, algorithm, src)
 
 
 def _broadcast_ce(comm, x, out, src: int, record: list | None = None) -> None:
@@ -122,3 +120,7 @@ def _broadcast(comm, x, out, src: int, record: list | None = None) -> None:
                (flat[lo:hi], flat_out[lo:hi], scratch, comm.context, hi - lo, cap, src),
                {"BLOCK": cfg.block, "ROUNDS": rounds_for(comm, hi - lo, cfg)},
                num_warps=cfg.num_warps, backend=comm.backend, record=record)
+
+
+BROADCAST = Collective("broadcast", {"direct": _broadcast, "copy_engine": _broadcast_ce},
+                       params=("src",), capture_choice=True)

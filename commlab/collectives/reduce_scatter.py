@@ -23,20 +23,16 @@ import triton.language as tl
 import commlab.language as cl
 from commlab.collectives import _sync
 from commlab.collectives._common import (
-    OPS,
-    agree,
-    check_local,
     combine,
-    comm_or_raise,
     launch_for,
     load_acc,
     peer_ptr,
     rounds_for,
     slot_elems,
-    traced,
+    split_dim0,
 )
+from commlab.collectives._host import Collective, run
 from commlab.collectives._launch import launch
-from commlab.collectives._plan import fast_call, remember
 
 
 @triton.jit
@@ -99,29 +95,14 @@ def reduce_scatter(x: torch.Tensor, op: str = "sum") -> torch.Tensor:
 
     ``x.shape[0]`` must be divisible by the world size; returns a new tensor of shape
     ``[x.shape[0] // world_size, *x.shape[1:]]``."""
-    comm = comm_or_raise()
-    key = None
-    if isinstance(x, torch.Tensor):
-        key = ("reduce_scatter", x.shape, x.dtype, x.device, op)
-        out = fast_call(comm, key, x)
-        if out is not None:
-            return out
-    err = check_local("reduce_scatter", comm, x, reduce_op=op, split_dim0=True)
-    call = agree("reduce_scatter", x, err, op=op)
-    x = call.x.contiguous()
-    world = comm.world_size
+    return run(REDUCE_SCATTER, x, "auto", op)
 
+
+def _scattered(world: int):
     def make_out(t):
         return torch.empty((t.shape[0] // world, *t.shape[1:]), dtype=t.dtype, device=t.device)
 
-    out = make_out(x)
-    nbytes = x.numel() * x.element_size()
-    launched: list = []
-    with traced("reduce_scatter", nbytes, "direct", comm.device):
-        _reduce_scatter(comm, x, out, OPS[op], launched)
-    remember(comm, key, call, algorithm="direct", nbytes=nbytes, launched=launched,
-             make_out=make_out, slow=lambda a, b: _reduce_scatter(comm, a, b, OPS[op]))
-    return out
+    return make_out
 
 
 def _reduce_scatter(comm, x, out, op: int, record: list | None = None) -> None:
@@ -137,3 +118,7 @@ def _reduce_scatter(comm, x, out, op: int, record: list | None = None) -> None:
                (x.view(-1), out.view(-1), scratch, comm.context, hi - lo, cap, c, lo),
                {"OP": op, "BLOCK": cfg.block, "ROUNDS": rounds_for(comm, hi - lo, cfg)},
                num_warps=cfg.num_warps, backend=comm.backend, record=record)
+
+
+REDUCE_SCATTER = Collective("reduce_scatter", {"direct": _reduce_scatter}, params=("op",),
+                            shape_rule=split_dim0, output=_scattered)

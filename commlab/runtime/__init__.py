@@ -3,14 +3,16 @@
 from commlab.runtime import _triton_lib
 from commlab.runtime.communicator import (
     Communicator,
+    current_communicator,
     finalize,
     get_communicator,
     init,
+    parse_size,
     symmetric_empty,
     symmetric_zeros,
 )
 
-__all__ = ["Communicator", "finalize", "get_communicator", "init", "symmetric_empty",
-           "symmetric_zeros"]
+__all__ = ["Communicator", "current_communicator", "finalize", "get_communicator", "init",
+           "parse_size", "symmetric_empty", "symmetric_zeros"]
 
 _triton_lib.adopt()  # `import triton` may have come before `import commlab`: fix its helpers

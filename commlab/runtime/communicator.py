@@ -29,7 +29,8 @@ _DEFAULTS = {  # backend -> (heap_size, scratch_size)
 }
 
 
-def _parse_size(v) -> int:
+def parse_size(v) -> int:
+    """Bytes from an int or a string such as "256MiB", "4G", "64k"."""
     if isinstance(v, int):
         return v
     s = str(v).strip().upper()
@@ -146,8 +147,8 @@ def init(backend: str = "auto", *, heap_size=None, scratch_size=None,
     if world.world_size > MAX_WORLD:
         raise CommlabUsageError(f"commlab supports up to {MAX_WORLD} ranks, got {world.world_size}")
     d_heap, d_scratch = _DEFAULTS[world.backend]
-    size = _parse_size(heap_size or os.environ.get("COMMLAB_HEAP_SIZE", d_heap))
-    scratch = _parse_size(scratch_size or os.environ.get("COMMLAB_SCRATCH_SIZE",
+    size = parse_size(heap_size or os.environ.get("COMMLAB_HEAP_SIZE", d_heap))
+    scratch = parse_size(scratch_size or os.environ.get("COMMLAB_SCRATCH_SIZE",
                                                         min(d_scratch, size // 2)))
     layout = HeapLayout(size=size, scratch_bytes=scratch)
     layout.check()
@@ -255,7 +256,13 @@ def _cuda_heap(world: World, layout: HeapLayout, timeout: float, keep: list):
     return heap, control
 
 
+def current_communicator() -> Communicator | None:
+    """This process's open communicator, or None (for code that also runs without one)."""
+    return _COMM if _COMM is not None and not _COMM.closed else None
+
+
 def get_communicator() -> Communicator:
+    """This process's open communicator; raises CommlabUsageError before ``init``."""
     if _COMM is None or _COMM.closed:
         raise CommlabUsageError(
             "no communicator: call comm = commlab.init() first (inside %%distributed cells "
@@ -291,10 +298,11 @@ def symmetric_empty(shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
 
 
 def symmetric_zeros(shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Like symmetric_empty, filled with zeros (every rank's zeros are written on return)."""
-    from commlab.collectives.barrier import barrier
-
+    """Like symmetric_empty, filled with zeros (every rank's zeros are written on return:
+    each rank zeroes its copy, waits for its device, then meets the others)."""
+    comm = get_communicator()
     t = symmetric_empty(shape, dtype)
     t.zero_()
-    barrier()  # peers may now read our zeros
+    comm.synchronize()  # our zeros (and all our earlier work) are in memory
+    comm.control.agree(Signature("symmetric_zeros", {}))  # peers may now read our zeros
     return t

@@ -14,39 +14,13 @@ import json
 from importlib import resources
 
 from commlab.topology._bench_result import LinkBenchResult
+from commlab.topology._discover import discover
 from commlab.topology._matrix import LEGEND, format_matrix, topo_matrix
 from commlab.topology._model import Edge, Link, Node, Topology
 from commlab.topology._nvml import available as nvml_available
 from commlab.topology._remote import bench_and_info, call_with_comm, probe, probe_with_queue
 from commlab.topology._world import rank_info, world_topology
 from commlab.topology.routes import ROUTES, Route, route
-
-
-def discover(*, sysfs_root: str = "/") -> Topology:
-    """This machine's topology: NVML when it works, else ``nvidia-smi topo -m``, else the
-    host's CPUs/NUMA nodes and NICs only (a machine without NVIDIA GPUs)."""
-    from commlab.topology import _nvml, _smi, _sysfs
-
-    if _nvml.available():
-        topo = _nvml.discover_nvml()
-        _sysfs.add_host(topo, sysfs_root)
-        return topo
-    try:
-        text = _smi.run_topo_m()
-    except Exception:  # no driver, or nvidia-smi failed: describe the host
-        text = None
-    if text:
-        topo = _smi.parse_topo_m(text)
-        topo.meta["topo_m"] = text
-        return topo
-    import platform
-    import socket
-
-    topo = Topology(name=f"{socket.gethostname()} (no NVIDIA GPU)",
-                    description="no NVML and no nvidia-smi: CPUs/NUMA nodes and NICs from sysfs",
-                    sources=["sysfs"], meta={"machine": platform.machine()})
-    _sysfs.add_host(topo, sysfs_root)
-    return topo
 
 
 def samples() -> dict[str, str]:

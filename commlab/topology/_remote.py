@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from commlab.runtime import get_communicator
 from commlab.topology import linkbench
 from commlab.topology._world import rank_info
 
@@ -10,9 +11,7 @@ SHM_PROBE_BYTES = 1 << 20  # one size is enough to label shared-memory edges
 
 def call_with_comm(fn, *args, **kwargs):
     """For ``World.apply``: call ``fn(comm, ...)`` with this rank's communicator."""
-    import commlab
-
-    return fn(commlab.get_communicator(), *args, **kwargs)
+    return fn(get_communicator(), *args, **kwargs)
 
 
 def probe(comm, with_bench: bool = True) -> dict:

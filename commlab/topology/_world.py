@@ -13,6 +13,7 @@ import socket
 
 import torch
 
+from commlab.topology._discover import discover
 from commlab.topology._model import Edge, Node, Topology
 
 
@@ -77,8 +78,6 @@ def world_topology(infos: list[dict], bench=None, host: Topology | None = None) 
 
 
 def _cuda_world(infos: list[dict], host: Topology | None) -> Topology:
-    from commlab.topology import discover
-
     topo = host or discover()
     by_bus = {n.attrs.get("pci_bus_id", "").lower()[-12:]: n.id for n in topo.nodes_of("gpu")}
     for d in infos:

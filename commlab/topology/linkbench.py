@@ -28,8 +28,8 @@ import torch.distributed as dist
 import triton
 import triton.language as tl
 
-import commlab
 import commlab.language as cl
+from commlab.runtime import symmetric_empty
 from commlab.runtime.peer import peer_view
 from commlab.topology._bench_result import LinkBenchResult
 
@@ -133,7 +133,7 @@ def _measure(comm, sizes, iters, methods, progress) -> dict:
         raise ValueError(f"linkbench: unknown method {bad[0]!r}; use one of {METHODS}")
     world, me = comm.world_size, comm.rank
     n_max = max(sizes) // 4
-    src = commlab.symmetric_empty((n_max,), torch.int32)
+    src = symmetric_empty((n_max,), torch.int32)
     src.copy_(_pattern(me, n_max, src.device))
     dst = torch.empty(n_max, dtype=torch.int32, device=src.device)
     comm.synchronize()

@@ -17,6 +17,7 @@ import contextlib
 
 import torch
 
+from commlab.runtime import current_communicator
 from commlab.trace._recorder import RECORDER, Span
 from commlab.trace.chrome import classify, load_torch_trace, to_chrome_trace
 from commlab.trace.overlap import OverlapMetrics, overlap_metrics, ratio_warnings
@@ -25,9 +26,8 @@ from commlab.trace.overlap import OverlapMetrics, overlap_metrics, ratio_warning
 def start(rank: int | None = None) -> None:
     """Begin recording spans on this rank."""
     if rank is None:
-        from commlab.runtime.communicator import _COMM
-
-        rank = _COMM.rank if _COMM is not None else 0
+        comm = current_communicator()
+        rank = comm.rank if comm is not None else 0
     RECORDER.start(rank)
 
 

@@ -14,6 +14,9 @@ table is never used. Tables measured by the maintainers ship in ``commlab/tuning
 
 Before any tuning, ``lookup`` returns None and the documented defaults of
 ``commlab.collectives._select`` apply (one-shot up to 256 KiB, two-shot above).
+Importing this module (``import commlab`` does) installs ``lookup`` as the table that
+``auto`` asks first (``_select.use_tuning``); on CUDA the first ``auto`` call on a
+communicator computes the fingerprint (topology discovery through NVML, once per process).
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ import time
 from bisect import bisect_left
 from pathlib import Path
 
+from commlab.collectives import _select
+from commlab.runtime import get_communicator
 from commlab.tuning._fingerprint import fields as _fields
 from commlab.tuning._fingerprint import fingerprint_of
 from commlab.tuning._table import TuningTable, auto_violations, winners
@@ -146,10 +151,9 @@ def tune(ops=("all_reduce",), sizes=None, dtypes=None, *, progress: bool = True,
     table, also written to ``table_path(comm)`` unless save=False."""
     import torch.distributed as dist
 
-    import commlab
     from commlab import bench
 
-    comm = comm or commlab.get_communicator()
+    comm = comm or get_communicator()
     bad = [o for o in ops if o not in TUNABLE]
     if bad:
         raise ValueError(f"tune: {bad} have a single algorithm; tunable ops: {', '.join(TUNABLE)}")
@@ -183,3 +187,6 @@ def tune(ops=("all_reduce",), sizes=None, dtypes=None, *, progress: bool = True,
         table.save(table_path(comm))
     _install(comm, table)
     return table
+
+
+_select.use_tuning(lookup)

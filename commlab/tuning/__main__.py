@@ -34,10 +34,10 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.backend == "cpu":
         os.environ.setdefault("COMMLAB_BACKEND", "cpu")
-    import commlab
     from commlab import bench, tuning
+    from commlab.runtime import finalize, init
 
-    comm = commlab.init(backend=args.backend)
+    comm = init(backend=args.backend)
     sizes = [bench.parse_size(s) for s in args.sizes.split(",")] if args.sizes else None
     dtypes = args.dtypes.split(",") if args.dtypes else None
     ops = [o for o in args.ops.split(",") if o]
@@ -72,7 +72,7 @@ def main(argv=None) -> int:
             if args.out and records:
                 path = bench.write_records(bench.results_path(args.out, comm), records)
                 print(f"wrote to {path}")
-    commlab.finalize()
+    finalize()
     return rc
 
 

@@ -12,9 +12,11 @@ import commlab
 from tests.worlds._checks import Checks
 
 
-def _expect(checks: Checks, name: str, call, error: type, *needles: str) -> None:
-    """Run ``call`` expecting ``error`` whose message holds every needle; no collective
-    span may be recorded (nothing launched); then a correct all_reduce must work."""
+def _expect(checks: Checks, name: str, call, error: type, *needles: str,
+            once: str = "") -> None:
+    """Run ``call`` expecting ``error`` whose message holds every needle (and ``once``
+    exactly once); no collective span may be recorded (nothing launched); then a correct
+    all_reduce must work."""
     world = commlab.get_communicator().world_size
     with checks.case(name, "raises"):
         commlab.trace.start()
@@ -24,6 +26,8 @@ def _expect(checks: Checks, name: str, call, error: type, *needles: str) -> None
             msg = str(e)
             missing = [n for n in needles if n not in msg]
             assert not missing, f"message lacks {missing}: {msg!r}"
+            if once:
+                assert msg.count(once) == 1, f"{once!r} not named exactly once: {msg!r}"
         else:
             raise AssertionError(f"no {error.__name__} raised")
         finally:
@@ -70,7 +74,15 @@ def errors_world(comm) -> dict:
     _expect(checks, "unknown_algorithm", lambda: commlab.all_reduce(x, algorithm="tree"),
             commlab.CommlabUsageError, "'tree'", "'ring'")
     _expect(checks, "unknown_algorithm", lambda: commlab.all_gather(x, algorithm="ring"),
-            commlab.CommlabUsageError, "all_gather", "'ring'", "'copy_engine'")
+            commlab.CommlabUsageError, "'ring'", "'copy_engine'", once="all_gather")
+    for op in ("all_reduce", "reduce_scatter"):
+        _expect(checks, "op_none", lambda op=op: getattr(commlab, op)(x, op=None),
+                commlab.CommlabUsageError, "op must be one of", "'sum'", "got None",
+                "ranks 0, 1, 2", once=op)
+    for op in ("all_reduce", "all_gather", "all_to_all", "broadcast"):
+        _expect(checks, "algorithm_none", lambda op=op: getattr(commlab, op)(x, algorithm=None),
+                commlab.CommlabUsageError, "algorithm must be one of", "'auto'", "got None",
+                once=op)
     for src in (world, -1):
         _expect(checks, "broadcast_src_out_of_range",
                 lambda src=src: commlab.broadcast(x, src=src),

@@ -1,0 +1,84 @@
+"""The one host path every collective takes: check, agree, choose, trace, launch, remember.
+
+An op is its kernels plus a ``Collective`` naming its bodies (one per algorithm), the
+parameters every rank must agree on and its shape rule; its public function is
+``run(OP, x, algorithm, *params)``:
+
+    cached plan for (op, shape, dtype, device, params, algorithm)?  -> publish, launch
+    check x and the parameters on this rank (the first broken rule, or "")
+    agree with every rank (a local error or a mismatch raises on every rank)
+    algorithm "auto" -> _select.choose;  body(comm, x, out, *args, record) under a span
+    a call that made one CUDA launch leaves a plan (_plan.remember)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from commlab.collectives._common import OPS, agree, check_local, traced
+from commlab.collectives._plan import fast_call, remember
+from commlab.collectives._select import capturing_auto, choose
+from commlab.runtime.communicator import get_communicator
+
+
+def same_shape(world: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The output is shaped like the input (all_reduce, all_to_all, broadcast)."""
+    return torch.empty_like
+
+
+@dataclass(frozen=True, eq=False)
+class Collective:
+    """What the host path needs to know about one op.
+
+    ``bodies``: algorithm -> ``body(comm, x, out, *args, record=None)`` with ``x`` and
+    ``out`` flat and contiguous; ``args`` are the ``params`` in order, a reduction
+    ``op`` as its kernel code. ``params``: keyword parameters agreed across ranks,
+    "op" (reduction: "sum", "max", "min") or "src" (a rank). ``shape_rule(x, world)``:
+    the broken rule's text, or "". ``output(world)``: makes the output from the input.
+    ``capture_choice``: "auto" chooses afresh inside a CUDA-graph capture (no plan)."""
+
+    name: str
+    bodies: dict[str, Callable]
+    params: tuple[str, ...] = ()
+    shape_rule: Callable[[torch.Tensor, int], str] | None = None
+    output: Callable[[int], Callable[[torch.Tensor], torch.Tensor]] = same_shape
+    capture_choice: bool = False
+
+    @property
+    def algorithms(self) -> tuple[str, ...]:
+        return ("auto", *self.bodies)
+
+
+def run(coll: Collective, x, algorithm: str = "auto", *params) -> torch.Tensor:
+    """Run ``coll`` on ``x`` on every rank; ``params`` in ``coll.params``' order."""
+    comm = get_communicator()
+    key = None
+    if isinstance(x, torch.Tensor):
+        key = (coll.name, x.shape, x.dtype, x.device, *params, algorithm)
+        if not (coll.capture_choice and capturing_auto(comm, algorithm)):
+            out = fast_call(comm, key, x)
+            if out is not None:
+                return out
+    fields = dict(zip(coll.params, params, strict=True))
+    err = check_local(comm, x, algorithm, coll.algorithms, fields, coll.shape_rule)
+    call = agree(coll.name, x, err, **fields, algorithm=algorithm)
+    x = call.x.contiguous()
+    make_out = coll.output(comm.world_size)
+    out = make_out(x)
+    if x.numel() == 0:
+        return out
+    # the total size, as nccl-tests counts it: all_gather's output, reduce_scatter's input
+    nbytes = max(x.numel(), out.numel()) * x.element_size()
+    if algorithm == "auto":
+        algorithm = choose(comm, coll.name, x.dtype, nbytes, tuple(coll.bodies))
+    body = coll.bodies[algorithm]
+    args = tuple(OPS[v] if k == "op" else v for k, v in fields.items())
+    launched: list = []
+    with traced(coll.name, nbytes, algorithm, comm.device):
+        body(comm, x.view(-1), out.view(-1), *args, launched)
+    remember(comm, key, call, algorithm=algorithm, nbytes=nbytes, launched=launched,
+             make_out=make_out, slow=lambda a, b: body(comm, a.view(-1), b.view(-1), *args))
+    return out

@@ -1,0 +1,31 @@
+"""``discover()``: this machine's topology from the best source that answers."""
+
+from __future__ import annotations
+
+import platform
+import socket
+
+from commlab.topology import _nvml, _smi, _sysfs
+from commlab.topology._model import Topology
+
+
+def discover(*, sysfs_root: str = "/") -> Topology:
+    """This machine's topology: NVML when it works, else ``nvidia-smi topo -m``, else the
+    host's CPUs/NUMA nodes and NICs only (a machine without NVIDIA GPUs)."""
+    if _nvml.available():
+        topo = _nvml.discover_nvml()
+        _sysfs.add_host(topo, sysfs_root)
+        return topo
+    try:
+        text = _smi.run_topo_m()
+    except Exception:  # no driver, or nvidia-smi failed: describe the host
+        text = None
+    if text:
+        topo = _smi.parse_topo_m(text)
+        topo.meta["topo_m"] = text
+        return topo
+    topo = Topology(name=f"{socket.gethostname()} (no NVIDIA GPU)",
+                    description="no NVML and no nvidia-smi: CPUs/NUMA nodes and NICs from sysfs",
+                    sources=["sysfs"], meta={"machine": platform.machine()})
+    _sysfs.add_host(topo, sysfs_root)
+    return topo
