@@ -5,9 +5,10 @@
     y = commlab.all_reduce(x)                   # Triton kernels over a symmetric heap
 """
 
-from commlab import _interpret
+from commlab import _interpreter
 
-_interpret.decide()  # before any kernel is defined: CPU backend = Triton's interpreter
+if _interpreter.decide():  # before any kernel is defined: CPU backend = Triton's interpreter
+    _interpreter.install()  # its speed-ups, for every kernel (commlab's and the user's)
 
 from commlab import trace, tuning  # noqa: E402,F401 (tuning: auto's measured tables)
 from commlab.collectives import (  # noqa: E402

@@ -16,128 +16,23 @@ process*. ``symm_at`` moves a pointer by ``base_peer − base_me``, so it works 
 pointer into the symmetric heap, scalar or block, on both backends.
 
 One source, two worlds: under Triton's interpreter (CPU backend) every spin loop yields
-the core to the other ranks (``INTERPRET`` is a compile-time constant, so the compiled
-GPU code never contains that branch).
+the core to the other ranks (``commlab._interpreter.host``); ``INTERPRET`` is a
+compile-time constant, so the compiled GPU code never contains that branch.
 """
 
 from __future__ import annotations
 
-import ctypes
-import os
-import time
-
-import numpy as np
 import triton
 import triton.language as tl
 
-from commlab import _interp_fast, _interpret
+from commlab import _interpreter
+from commlab._interpreter.host import host_wait as _host_wait
+from commlab._interpreter.host import host_yield as _host_yield
 from commlab.runtime import heap as _heap
 
-INTERPRET = tl.constexpr(_interpret.interpreting())
+INTERPRET = tl.constexpr(_interpreter.interpreting())
 MAX_WORLD = tl.constexpr(_heap.MAX_WORLD)  # signal-pad row width, from the heap layout
 CTX_BASES = tl.constexpr(4)  # ctx[4 + r] = base of rank r's heap
-
-
-def _fast_nested_calls() -> None:
-    """Interpreter speed-up: skip re-patching triton.language on nested jit calls.
-
-    Triton's interpreter patches ``triton.language`` when a launch starts and, again,
-    on *every* call of one @triton.jit function from another (``cl.symm_at``,
-    ``cl.wait``… inside a kernel's loops) — 36-46% of a CPU all-reduce's time, measured
-    with cProfile. Here a nested call patches only the first time, per launch, that a
-    helper names a language module (``triton.language`` or ``triton.language.core``)
-    not yet patched in this launch; later calls skip it. Applied only when the interpreter has
-    the shape this was written against (Triton 3.x); ``COMMLAB_INTERPRETER_FASTCALL=0``
-    turns it off.
-    """
-    import threading
-
-    from triton.runtime import interpreter as ti
-
-    fn_cls, grid_cls = getattr(ti, "InterpretedFunction", None), getattr(ti, "GridExecutor", None)
-    if (fn_cls is None or grid_cls is None or not hasattr(fn_cls, "rewrite")
-            or not hasattr(ti, "_patch_lang") or getattr(fn_cls.__call__, "_commlab", False)
-            or os.environ.get("COMMLAB_INTERPRETER_FASTCALL", "1") == "0"):
-        return
-    depth = threading.local()
-    grid_call, nested_call = grid_cls.__call__, fn_cls.__call__
-    langs = (tl, tl.core)
-
-    def launch(self, *args, **kwargs):
-        saved = getattr(depth, "patched", None)
-        depth.n = getattr(depth, "n", 0) + 1
-        depth.patched = set()  # language modules patched during this launch
-        try:
-            return grid_call(self, *args, **kwargs)
-        finally:
-            depth.n -= 1
-            depth.patched = saved
-
-    def call(self, *args, **kwargs):
-        if getattr(depth, "n", 0) == 0:
-            return nested_call(self, *args, **kwargs)
-        mods = getattr(self, "_commlab_langs", None)
-        if mods is None:  # which language modules this helper's globals name
-            mods = self._commlab_langs = frozenset(
-                id(v) for v in self.fn.__globals__.values() if any(v is m for m in langs))
-        if not mods <= depth.patched:  # first helper of this launch seeing these modules
-            ti._patch_lang(self.fn)
-            depth.patched |= mods
-        try:
-            return self.rewrite()(*args, **kwargs)
-        except Exception as e:
-            raise ti.InterpreterError(repr(e)) from e
-
-    call._commlab = True
-    grid_cls.__call__, fn_cls.__call__ = launch, call
-
-
-if _interpret.interpreting():
-    _fast_nested_calls()
-    _interp_fast.install()  # symbolic index blocks, slice-copy loads and stores
-    _spin = [0, 0.0]  # consecutive spins, time of the last one
-
-    def _host_yield():
-        """Interpreter: give the core to the ranks we wait for. Ranks often outnumber
-        cores (4 ranks on a 2-core laptop or CI box), so after a short burst of
-        sched_yield the waiter sleeps, progressively longer, instead of spinning."""
-        now = time.perf_counter()
-        if now - _spin[1] > 0.005:  # a new wait began
-            _spin[0] = 0
-        _spin[1] = now
-        _spin[0] += 1
-        if _spin[0] < 20:
-            os.sched_yield()
-        else:
-            time.sleep(0.0001 if _spin[0] < 200 else 0.0005)
-
-    def _host_wait(ptr, value):
-        """Interpreter: wait for the int32 at ``ptr`` to reach ``value`` reading it
-        straight from memory (a microsecond a look, against ~100 us for an interpreted
-        atomic, and no CPU taken from the ranks we wait for). A hint only: it gives up
-        after 2 ms, and the caller's atomic re-reads the flag (acquire) either way."""
-        addr, want = ptr.handle.data, getattr(value, "handle", None)
-        want = want.data if want is not None else np.asarray(getattr(value, "value", value))
-        if addr.size != 1 or want.size != 1:
-            return _host_yield()
-        cell, want = ctypes.c_int32.from_address(int(addr.flat[0])), int(want.flat[0])
-        give_up, spin = time.perf_counter() + 0.002, 0
-        while cell.value < want and time.perf_counter() < give_up:
-            if spin < 10:
-                os.sched_yield()
-            else:
-                time.sleep(0.00005)
-            spin += 1
-
-else:
-
-    @triton.jit
-    def _host_yield():  # compiled: never reached (INTERPRET is False), but Triton's
-        pass  # dependency scan still resolves the name, so it must be a jit function
-
-    @triton.jit
-    def _host_wait(ptr, value):  # compiled: never reached either
-        pass
 
 
 # --- who am I ---------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The interpreter fast path (commlab._interp_fast) gives the stock interpreter's bits.
+"""The interpreter fast path (commlab._interpreter.fastmem) gives the stock interpreter's bits.
 
 Each kernel runs twice in this process, on the patched and on the stock builder, and
 the outputs must be identical byte for byte: contiguous, strided, reversed and gathered
@@ -15,7 +15,8 @@ import triton
 import triton.language as tl
 
 import commlab  # noqa: F401  (before the kernels: picks Triton's interpreter on CPU)
-from commlab import _interp_fast, _interpret
+from commlab import _interpreter as _interpret
+from commlab._interpreter import fastmem as _interp_fast
 
 pytestmark = pytest.mark.skipif(not _interpret.interpreting(),
                                 reason="the fast path patches Triton's interpreter (CPU backend)")

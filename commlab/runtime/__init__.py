@@ -1,6 +1,6 @@
 """The runtime: bootstrap, the Communicator, the symmetric heap."""
 
-from commlab.runtime import _triton_lib
+from commlab._interpreter import triton_lib as _triton_lib
 from commlab.runtime.communicator import (
     Communicator,
     current_communicator,

@@ -119,7 +119,7 @@ def _agree_backend(store, rank: int, world_size: int, local_rank: int, wanted: s
             f"(torch.cuda.device_count() is {torch.cuda.device_count()} here); "
             f"use backend='cpu', or give every rank a GPU"
         )
-    from commlab import _interpret
+    from commlab import _interpreter as _interpret
 
     if wanted == "auto" and _interpret.interpreting():
         return "cpu"  # the interpreter was chosen at import: kernels run on the CPU
@@ -131,7 +131,7 @@ def _agree_backend(store, rank: int, world_size: int, local_rank: int, wanted: s
 
 
 def _check_compiled_mode(backend: str) -> None:
-    from commlab import _interpret
+    from commlab import _interpreter as _interpret
 
     if backend == "cpu" and not _interpret.interpreting():
         raise BackendUnavailableError(

@@ -141,7 +141,7 @@ def init(backend: str = "auto", *, heap_size=None, scratch_size=None,
     timeout = float(timeout if timeout is not None else os.environ.get("COMMLAB_TIMEOUT", 300))
     world = bootstrap(backend, timeout)
     if world.backend == "cpu":
-        from commlab.runtime import _triton_lib
+        from commlab._interpreter import triton_lib as _triton_lib
 
         _triton_lib.adopt(all_modules=True)  # kernels a script defined before the import
     if world.world_size > MAX_WORLD:

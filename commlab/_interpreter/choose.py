@@ -1,4 +1,4 @@
-"""Pick Triton's interpreter before any kernel is defined.
+"""Choose Triton's interpreter at import, before any kernel is defined.
 
 Triton decides between compiling and interpreting when ``@triton.jit`` *decorates* a
 function, reading ``TRITON_INTERPRET`` at that moment. commlab therefore decides at

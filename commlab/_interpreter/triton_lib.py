@@ -19,9 +19,9 @@ def adopt(all_modules: bool = False) -> int:
     return how many were re-wrapped (0 when nothing to do). By default only
     triton.language's helpers; ``all_modules`` also re-wraps module-level kernels of
     every loaded module (a script that defined its kernels before ``import commlab``)."""
-    from commlab import _interpret
+    from commlab._interpreter import choose
 
-    if not _interpret.interpreting() or "triton.language" not in sys.modules:
+    if not choose.interpreting() or "triton.language" not in sys.modules:
         return 0
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction

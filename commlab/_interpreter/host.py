@@ -1,0 +1,63 @@
+"""Host-side help for the device language's spin-waits under the interpreter.
+
+``commlab.language`` calls these inside ``if INTERPRET:`` branches of its spin loops.
+Ranks often outnumber cores (4 ranks on a 2-core laptop or CI box), so a waiting rank
+must give its core to the ranks it waits for. Compiled, the branch is never generated,
+but Triton's dependency scan still resolves the names, so they are ``@triton.jit``
+stubs there.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+
+import numpy as np
+import triton
+
+from commlab._interpreter.choose import interpreting
+
+if interpreting():
+    _spin = [0, 0.0]  # consecutive spins, time of the last one
+
+    def host_yield():
+        """Give the core to the ranks we wait for: after a short burst of sched_yield
+        the waiter sleeps, progressively longer, instead of spinning."""
+        now = time.perf_counter()
+        if now - _spin[1] > 0.005:  # a new wait began
+            _spin[0] = 0
+        _spin[1] = now
+        _spin[0] += 1
+        if _spin[0] < 20:
+            os.sched_yield()
+        else:
+            time.sleep(0.0001 if _spin[0] < 200 else 0.0005)
+
+    def host_wait(ptr, value):
+        """Wait for the int32 at ``ptr`` to reach ``value`` reading it straight from
+        memory (a microsecond a look, against ~100 us for an interpreted atomic, and no
+        CPU taken from the ranks we wait for). A hint only: it gives up after 2 ms, and
+        the caller's atomic re-reads the flag (acquire) either way."""
+        addr, want = ptr.handle.data, getattr(value, "handle", None)
+        want = want.data if want is not None else np.asarray(getattr(value, "value", value))
+        if addr.size != 1 or want.size != 1:
+            return host_yield()
+        cell, want = ctypes.c_int32.from_address(int(addr.flat[0])), int(want.flat[0])
+        give_up, spin = time.perf_counter() + 0.002, 0
+        while cell.value < want and time.perf_counter() < give_up:
+            if spin < 10:
+                os.sched_yield()
+            else:
+                time.sleep(0.00005)
+            spin += 1
+
+else:
+
+    @triton.jit
+    def host_yield():  # compiled: never reached (INTERPRET is False)
+        pass
+
+    @triton.jit
+    def host_wait(ptr, value):  # compiled: never reached either
+        pass
