@@ -9,6 +9,7 @@ from commlab import _interpret
 
 _interpret.decide()  # before any kernel is defined: CPU backend = Triton's interpreter
 
+from commlab import torch_backend as _torch_backend  # noqa: E402
 from commlab import trace  # noqa: E402
 from commlab.collectives import (  # noqa: E402
     all_gather,
@@ -33,6 +34,8 @@ from commlab.runtime import (  # noqa: E402
     symmetric_empty,
     symmetric_zeros,
 )
+
+_torch_backend.register()  # dist.init_process_group("commlab"): nothing is built yet
 
 __version__ = "0.1.0"
 

@@ -1,6 +1,8 @@
 """The runtime: bootstrap, the Communicator, the symmetric heap."""
 
 from commlab.runtime import _triton_lib
+from commlab.runtime._bootstrap import set_group_source
+from commlab.runtime._control import Signature
 from commlab.runtime.communicator import (
     Communicator,
     finalize,
@@ -10,7 +12,7 @@ from commlab.runtime.communicator import (
     symmetric_zeros,
 )
 
-__all__ = ["Communicator", "finalize", "get_communicator", "init", "symmetric_empty",
-           "symmetric_zeros"]
+__all__ = ["Communicator", "Signature", "finalize", "get_communicator", "init",
+           "set_group_source", "symmetric_empty", "symmetric_zeros"]
 
 _triton_lib.adopt()  # `import triton` may have come before `import commlab`: fix its helpers
