@@ -20,17 +20,17 @@ def _dt(d: torch.dtype) -> str:
     return str(d).replace("torch.", "")
 
 
-def agree(comm, op: str, error: str = "", **fields) -> None:
+def agree(comm, what: str, error: str = "", **fields) -> None:
     """One agreement on this dist-level call: the dtype and shape as torch sees them (the
     kernels may see bit-cast words), or this rank's local error, raised on every rank."""
-    comm.control.agree(Signature(op, fields, error))
+    comm.control.agree(Signature(what, fields, error))
 
 
-def check(comm, op: str, error: str) -> None:
+def check(comm, what: str, error: str) -> None:
     """Raise ``error`` on every rank when any rank found one (costs nothing when none did
     on the kernels' own path: their agreement carries the error instead)."""
     if error:
-        agree(comm, op, error)
+        agree(comm, what, error)
 
 
 # --- helpers: every rank's tensor, for any dtype ----------------------------------------

@@ -1,0 +1,256 @@
+"""Rank functions for tests/test_torch_backend.py: torch.distributed on "commlab"
+against the same work on gloo, in the same world.
+
+Each world starts torch.distributed itself (``run_world(..., init=False)``), as a script
+under torchrun does: the default group is "commlab", and a gloo group of the same ranks
+is the reference.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+import commlab
+from tests.worlds._checks import Checks
+
+R = dist.ReduceOp
+
+
+def start() -> tuple[int, int, object]:
+    """``init_process_group("commlab")`` from the environment, plus a gloo reference."""
+    dist.init_process_group("commlab")
+    return dist.get_rank(), dist.get_world_size(), dist.new_group(backend="gloo")
+
+
+def _gen(seed: int, rank: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed * 1000 + rank)
+
+
+def _data(gen, n: int, dtype: torch.dtype) -> torch.Tensor:
+    if dtype.is_floating_point:
+        return torch.randn(n, generator=gen).to(dtype)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, (n,), generator=gen).bool()
+    if dtype == torch.uint8:
+        return torch.randint(0, 256, (n,), generator=gen).to(dtype)
+    return torch.randint(-1000, 1000, (n,), generator=gen).to(dtype)
+
+
+def _close(a, b, dtype):
+    if dtype.is_floating_point:
+        tol = {torch.float16: 2e-2, torch.bfloat16: 5e-2}.get(dtype, 1e-5)
+        torch.testing.assert_close(a.float(), b.float(), rtol=tol, atol=tol)
+    else:
+        assert torch.equal(a, b), f"{a} != {b}"
+
+
+REDUCE_DTYPES = (torch.float32, torch.bfloat16, torch.int32, torch.int64, torch.float64)
+MOVE_DTYPES = (torch.float32, torch.float16, torch.int64, torch.float64, torch.uint8,
+               torch.bool, torch.int16, torch.complex64)
+
+
+def collectives_world(comm, seed: int) -> dict:
+    """Every dist op through the "commlab" group against gloo."""
+    rank, W, gloo = start()
+    ck = Checks(rank)
+    gen = _gen(seed, rank)
+
+    for dtype in REDUCE_DTYPES:
+        for op in ("sum", "avg", "max", "min", "product"):
+            n = 1037 if dtype != torch.int64 else 7
+            with ck.case("all_reduce", f"{op} {dtype}"):
+                x = _data(gen, n, dtype)
+                if op == "product":
+                    x = (x.abs() % 3 + 1).to(dtype) if not dtype.is_floating_point \
+                        else x.clamp(-1.5, 1.5)
+                ref = x.clone()
+                dist.all_reduce(ref, op=R.SUM if op == "avg" else getattr(R, op.upper()),
+                                group=gloo)
+                if op == "avg":
+                    ref = ref / W if dtype.is_floating_point else torch.div(
+                        ref, W, rounding_mode="trunc").to(dtype)
+                got = x.clone()
+                dist.all_reduce(got, op=getattr(R, op.upper()))
+                _close(got, ref, dtype)
+
+    for dtype in MOVE_DTYPES:
+        n = 13 if dtype in (torch.uint8, torch.bool, torch.int16) else 1037
+        ref_dtype = torch.int32 if dtype == torch.int16 else dtype  # gloo has no int16
+        with ck.case("all_gather_into_tensor", str(dtype)):
+            x = _data(gen, n, dtype) if dtype != torch.complex64 else \
+                torch.randn(n, dtype=dtype, generator=gen)
+            ref = torch.empty(W * n, dtype=ref_dtype)
+            dist.all_gather_into_tensor(ref, x.to(ref_dtype), group=gloo)
+            ref = ref.to(dtype)
+            got = torch.empty(W * n, dtype=dtype)
+            dist.all_gather_into_tensor(got, x)
+            assert torch.equal(got, ref)
+        with ck.case("all_gather", str(dtype)):
+            got = [torch.empty_like(x) for _ in range(W)]
+            dist.all_gather(got, x)
+            assert all(torch.equal(g, r) for g, r in zip(got, ref.chunk(W), strict=True))
+        with ck.case("broadcast", str(dtype)):
+            for src in range(W):
+                y = x.clone()
+                ref_b = x.to(ref_dtype)
+                dist.broadcast(ref_b, src=src, group=gloo)
+                dist.broadcast(y, src=src)
+                assert torch.equal(y, ref_b.to(dtype)), f"src {src}"
+        with ck.case("all_to_all_single", f"even {dtype}"):
+            xs = x[: n // W * W]
+            ref = torch.empty_like(xs, dtype=ref_dtype)
+            dist.all_to_all_single(ref, xs.to(ref_dtype), group=gloo)
+            got = torch.empty_like(xs)
+            dist.all_to_all_single(got, xs)
+            assert torch.equal(got, ref.to(dtype))
+
+    with ck.case("all_to_all_single", "uneven splits (fallback)"):
+        ins = [r + 1 for r in range(W)]  # rank r sends r+1 elements... to each peer j: j+1
+        x = torch.arange(sum(ins), dtype=torch.float32) + 100 * rank
+        outs = [rank + 1] * W
+        got = torch.empty(sum(outs))
+        ref = torch.empty(sum(outs))
+        dist.all_to_all_single(got, x, outs, ins)
+        dist.all_to_all_single(ref, x, outs, ins, group=gloo)
+        assert torch.equal(got, ref)
+
+    for dtype in (torch.float32, torch.bfloat16, torch.int32, torch.int64):
+        for op in ("sum", "avg", "max"):
+            with ck.case("reduce_scatter_tensor", f"{op} {dtype}"):
+                x = _data(gen, W * 301, dtype)
+                full = x.clone()
+                dist.all_reduce(full, op=R.MAX if op == "max" else R.SUM, group=gloo)
+                ref = full.chunk(W)[rank]
+                if op == "avg":
+                    ref = ref / W if dtype.is_floating_point else torch.div(
+                        ref, W, rounding_mode="trunc").to(dtype)
+                got = torch.empty(301, dtype=dtype)
+                dist.reduce_scatter_tensor(got, x, op=getattr(R, op.upper()))
+                _close(got, ref, dtype)
+                with ck.case("reduce_scatter", f"{op} {dtype}"):
+                    got = torch.empty(301, dtype=dtype)
+                    dist.reduce_scatter(got, list(x.chunk(W)), op=getattr(R, op.upper()))
+                    _close(got, ref, dtype)
+
+    with ck.case("coalesced", "all_reduce_coalesced and the coalescing manager"):
+        xs = [_data(gen, n, torch.float32) for n in (5, 17, 3)]
+        refs = [x.clone() for x in xs]
+        for r in refs:
+            dist.all_reduce(r, group=gloo)
+        got = [x.clone() for x in xs]
+        dist.all_reduce_coalesced(got)
+        for g, r in zip(got, refs, strict=True):
+            _close(g, r, torch.float32)
+        from torch.distributed.distributed_c10d import _coalescing_manager
+
+        got = [x.clone() for x in xs]
+        with _coalescing_manager(async_ops=True) as cm:
+            for g in got:
+                dist.all_reduce(g)
+        cm.wait()
+        for g, r in zip(got, refs, strict=True):
+            _close(g, r, torch.float32)
+
+    with ck.case("async", "async_op=True: wait() and get_future()"):
+        x = _data(gen, 100, torch.float32)
+        ref = x.clone()
+        dist.all_reduce(ref, group=gloo)
+        got = x.clone()
+        work = dist.all_reduce(got, async_op=True)
+        assert work.wait() is True
+        _close(got, ref, torch.float32)
+        got = x.clone()
+        fut = dist.all_reduce(got, async_op=True).get_future()
+        out = fut.then(lambda f: f.value()[0] * 2).wait()
+        _close(out, ref * 2, torch.float32)
+
+    with ck.case("barrier", "barrier"):
+        dist.barrier()
+
+    with ck.case("fallback", "send/recv, gather, scatter, reduce, objects"):
+        if W >= 2:
+            t = torch.full((4,), float(rank))
+            if rank == 0:
+                dist.send(t + 10, dst=1)
+            elif rank == 1:
+                dist.recv(t, src=0)
+                assert torch.equal(t, torch.full((4,), 10.0))
+        g = [torch.empty(3) for _ in range(W)] if rank == 0 else None
+        dist.gather(torch.full((3,), float(rank)), g, dst=0)
+        if rank == 0:
+            assert [int(v[0]) for v in g] == list(range(W))
+        s = torch.empty(2)
+        dist.scatter(s, [torch.full((2,), float(r)) for r in range(W)] if rank == 0 else None,
+                     src=0)
+        assert torch.equal(s, torch.full((2,), float(rank)))
+        t = torch.ones(3)
+        dist.reduce(t, dst=0)
+        if rank == 0:
+            assert torch.equal(t, torch.full((3,), float(W)))
+        objs = [None] * W
+        dist.all_gather_object(objs, {"rank": rank, "s": "x" * rank})
+        assert objs == [{"rank": r, "s": "x" * r} for r in range(W)]
+        box = [{"k": rank}]
+        dist.broadcast_object_list(box, src=W - 1)
+        assert box == [{"k": W - 1}]
+
+    with ck.case("groups", "new_group of the world and of a subset"):
+        whole = dist.new_group(list(range(W)), backend="commlab")
+        sub = dist.new_group([0, 1], backend="commlab")
+        assert whole.spans_world and whole.communicator() is commlab.init()
+        t = torch.ones(5) * (rank + 1)
+        dist.all_reduce(t, group=whole)
+        assert torch.equal(t, torch.full((5,), W * (W + 1) / 2))
+        if rank in (0, 1):
+            assert sub.spans_world == (W == 2)
+            t = torch.ones(5) * (rank + 1)
+            dist.all_reduce(t, group=sub)
+            assert torch.equal(t, torch.full((5,), 3.0))
+
+    with ck.case("init", "commlab.init() returns the backend's Communicator"):
+        c = commlab.init()
+        assert c is dist.group.WORLD.communicator()
+        assert c is commlab.get_communicator() and c.world_size == W and c.rank == rank
+        y = commlab.all_reduce(torch.ones(3))
+        assert torch.equal(y, torch.full((3,), float(W)))
+
+    with ck.case("trace", "dist.all_reduce records commlab's comm span"):
+        x = torch.ones(256)
+        commlab.trace.start()
+        dist.all_reduce(x.clone())
+        commlab.all_reduce(x)
+        spans = commlab.trace.stop()
+        comm_spans = [(s.kind, s.name, s.bytes) for s in spans if s.kind == "comm"]
+        assert comm_spans == [("comm", "all_reduce", 1024)] * 2, comm_spans
+
+    dist.barrier(group=gloo)
+    dist.destroy_process_group()
+    return ck.result()
+
+
+def mismatch_world(comm) -> dict:
+    """Sizes and dtypes that differ across ranks raise commlab's error on every rank; the
+    world goes on."""
+    rank, W, gloo = start()
+    out: dict = {"errors": []}
+    cases = {
+        "shape": lambda: dist.all_reduce(torch.ones(4 + rank)),
+        "dtype": lambda: dist.all_reduce(torch.ones(4, dtype=torch.float32 if rank
+                                                    else torch.bfloat16)),
+        "int64 vs float64": lambda: dist.broadcast(
+            torch.ones(4, dtype=torch.int64 if rank else torch.float64), src=0),
+        "output size": lambda: dist.all_gather_into_tensor(
+            torch.empty(W * 4 + (rank == W - 1)), torch.ones(4)),
+    }
+    for name, fn in cases.items():
+        try:
+            fn()
+            out["errors"].append((name, None, ""))
+        except Exception as e:  # what the test asserts on: the type and message
+            out["errors"].append((name, type(e).__name__, str(e)))
+    t = torch.ones(8) * (rank + 1)
+    dist.all_reduce(t)
+    out["after"] = t.tolist()
+    dist.destroy_process_group()
+    return out
