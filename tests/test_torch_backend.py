@@ -4,6 +4,7 @@ ranks (tests/worlds/torch_backend.py)."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from tests.conftest import assert_checks
 from tests.worlds import torch_backend as tb
@@ -56,3 +57,57 @@ def test_mismatched_sizes_and_dtypes_raise_commlab_error_on_every_rank(world, wo
     assert "shape differs across ranks" in shapes, shapes
     sizes = [m for n, _, m in results[0]["errors"] if n == "output size"][0]
     assert f"rank {world_size - 1}" in sizes and "size the output" in sizes, sizes
+
+
+def _assert_same_training(results):
+    for r, res in enumerate(results):
+        torch.testing.assert_close(res["commlab_losses"], res["gloo_losses"], rtol=1e-5,
+                                   atol=1e-6, msg=lambda m, r=r: f"rank {r} losses: {m}")
+        for a, b in zip(res["commlab_params"], res["gloo_params"], strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_ddp_trains_on_commlab_as_on_gloo(world, seed, world_size):
+    results = world(tb.ddp_world, world_size, seed, init=False, timeout=300)
+    _assert_same_training(results)
+    assert all(r["commlab_comm_spans"] >= 2 * 4 for r in results)  # bucket all-reduces ran
+    assert all(r["gloo_comm_spans"] == 0 for r in results)  # ... on commlab's kernels
+
+
+def _both(world, fn, world_size, seed) -> tuple[list, list]:
+    """``fn`` on a "commlab" world and on a gloo world (same seed, same work)."""
+    return tuple(world(fn, world_size, seed, backend, init=False, timeout=300)
+                 for backend in ("commlab", "gloo"))
+
+
+def _assert_same_results(ours, ref):
+    for r, (a, b) in enumerate(zip(ours, ref, strict=True)):
+        torch.testing.assert_close(a["losses"], b["losses"], rtol=1e-5, atol=1e-6,
+                                   msg=lambda m, r=r: f"rank {r} losses: {m}")
+        for x, y in zip(a["params"], b["params"], strict=True):
+            torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6)
+        assert b["comm_spans"] == []  # the reference ran on gloo only
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_fsdp2_trains_on_commlab_as_on_gloo(world, seed, world_size):
+    ours, ref = _both(world, tb.fsdp_world, world_size, seed)
+    _assert_same_results(ours, ref)
+    for r in ours:  # FSDP2's all-gathers and reduce-scatters ran on commlab's kernels
+        assert {"all_gather", "reduce_scatter"} <= set(r["comm_spans"]), r["comm_spans"]
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_dtensor_tensor_parallel_mlp_trains_on_commlab_as_on_gloo(world, seed, world_size):
+    ours, ref = _both(world, tb.tp_world, world_size, seed)
+    _assert_same_results(ours, ref)
+    for r in ours:  # DTensor's redistributions ran on commlab's kernels
+        assert "all_reduce" in r["comm_spans"], r["comm_spans"]
+
+
+def test_functional_collectives_run_on_commlab_inside_torch_compile(world, seed):
+    results = world(tb.compile_world, 2, seed, init=False, timeout=400)
+    for res in results:
+        torch.testing.assert_close(res["got"], res["ref"])
+        assert res["ops"] == ["all_gather", "all_reduce", "reduce_scatter"], res["ops"]

@@ -254,3 +254,123 @@ def mismatch_world(comm) -> dict:
     out["after"] = t.tolist()
     dist.destroy_process_group()
     return out
+
+
+# --- real clients: the same training on "commlab" and on gloo ----------------------------
+
+
+def _mlp(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(),
+                               torch.nn.Linear(32, 8))
+
+
+def _batch(seed: int, rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed * 7919 + rank * 131 + step)
+    return torch.randn(6, 16, generator=g), torch.randn(6, 8, generator=g)
+
+
+def _train(model, seed: int, rank: int, steps: int, lr: float = 0.05) -> list[float]:
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    losses = []
+    for step in range(steps):
+        x, y = _batch(seed, rank, step)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def ddp_world(comm, seed: int, steps: int = 4) -> dict:
+    """DDP on "commlab" and on gloo from the same (rank-dependent: DDP broadcasts rank
+    0's) initial weights; several buckets, so several bucket all-reduces per step."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    rank, W, gloo = start()
+    out = {}
+    for name, group in (("commlab", dist.group.WORLD), ("gloo", gloo)):
+        model = DDP(_mlp(seed + rank), process_group=group, bucket_cap_mb=0.001)
+        commlab.trace.start()
+        out[name + "_losses"] = _train(model, seed, rank, steps)
+        spans = commlab.trace.stop()
+        out[name + "_params"] = [p.detach().clone() for p in model.parameters()]
+        out[name + "_comm_spans"] = sum(1 for s in spans if s.kind == "comm")
+    dist.destroy_process_group()
+    return out
+
+
+def _one_backend(backend: str, build, seed: int, steps: int, rank_data: bool) -> dict:
+    """Train ``build(mesh)`` with torch.distributed's default group on ``backend``.
+
+    One backend per world: DTensor caches sharding decisions by mesh shape, so a second
+    mesh of the same ranks in the same process would reuse the first mesh's groups."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    dist.init_process_group(backend)
+    rank, W = dist.get_rank(), dist.get_world_size()
+    model = build(init_device_mesh("cpu", (W,)), W)
+    commlab.trace.start()
+    losses = _train(model, seed, rank if rank_data else 0, steps)
+    spans = commlab.trace.stop()
+    params = [p.full_tensor().detach().clone() for p in model.parameters()]
+    dist.destroy_process_group()
+    return {"losses": losses, "params": params,
+            "comm_spans": sorted({s.name for s in spans if s.kind == "comm"})}
+
+
+def fsdp_world(comm, seed: int, backend: str, steps: int = 3) -> dict:
+    """FSDP2 (``fully_shard`` per layer and the root)."""
+    from torch.distributed.fsdp import fully_shard
+
+    def build(mesh, W):
+        model = _mlp(seed)
+        for layer in (model[0], model[2]):
+            fully_shard(layer, mesh=mesh)
+        return fully_shard(model, mesh=mesh)
+
+    return _one_backend(backend, build, seed, steps, rank_data=True)
+
+
+def tp_world(comm, seed: int, backend: str, steps: int = 3) -> dict:
+    """A DTensor tensor-parallel MLP (ColwiseParallel, then RowwiseParallel); every rank
+    gets the same batch, as tensor parallelism wants."""
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    def build(mesh, W):
+        torch.manual_seed(seed)
+        model = torch.nn.Sequential(torch.nn.Linear(16, 8 * W), torch.nn.ReLU(),
+                                    torch.nn.Linear(8 * W, 8))
+        return parallelize_module(model, mesh,
+                                  {"0": ColwiseParallel(), "2": RowwiseParallel()})
+
+    return _one_backend(backend, build, seed, steps, rank_data=False)
+
+
+def compile_world(comm, seed: int, backend: str = "inductor") -> dict:
+    """Functional collectives inside ``torch.compile(fullgraph=True)``."""
+    import torch.distributed._functional_collectives as fc
+
+    rank, W, gloo = start()
+    torch._dynamo.reset()
+
+    def step(x, w, group):
+        y = fc.all_reduce(x @ w, "sum", group)
+        g = fc.all_gather_tensor(y.relu(), 0, group)
+        return fc.reduce_scatter_tensor(g * 2, "sum", 0, group) + 1
+
+    compiled = torch.compile(step, fullgraph=True, backend=backend)
+    gen = _gen(seed, rank)
+    x, w = torch.randn(4 * W, 8, generator=gen), torch.randn(8, 6, generator=gen)
+    commlab.trace.start()
+    got = compiled(x, w, dist.group.WORLD)
+    spans = commlab.trace.stop()
+    ref = step(x, w, gloo)
+    out = {"got": got, "ref": ref, "ops": sorted({s.name for s in spans if s.kind == "comm"})}
+    dist.destroy_process_group()
+    return out
