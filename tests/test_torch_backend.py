@@ -111,3 +111,11 @@ def test_functional_collectives_run_on_commlab_inside_torch_compile(world, seed)
     for res in results:
         torch.testing.assert_close(res["got"], res["ref"])
         assert res["ops"] == ["all_gather", "all_reduce", "reduce_scatter"], res["ops"]
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_custom_ops_ag_gemm_and_gemm_rs_match_gloo_math_with_grads_and_compile(
+        world, seed, world_size):
+    results = world(tb.custom_ops_world, world_size, seed, timeout=400)
+    for section in ("ag_gemm", "gemm_rs", "fake", "compile"):
+        assert_checks(results, section)
