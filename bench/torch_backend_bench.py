@@ -5,7 +5,8 @@ calling commlab directly and against gloo (CPU) or NCCL (CUDA).
     python bench/torch_backend_bench.py --device cuda --world 2         # 2 GPUs
 
 Per call: back-to-back calls of a small all_reduce (the host's cost dominates), median of
-``--reps`` windows of ``--iters`` calls, the slowest rank's. DDP: a 3-layer MLP's step
+``--reps`` windows of ``--iters`` calls, the slowest rank's; ``dist:commlab-layer`` is
+the backend's own share (the call minus its time inside commlab.all_reduce). DDP: a 3-layer MLP's step
 (forward, backward with bucket all-reduces, SGD), median over ``--steps`` steps. Every
 impl is checked against the reference group before it is timed. Records follow
 DESIGN.md (``impl``: ``dist:commlab``, ``commlab:auto``, ``gloo``/``nccl``; the DDP step
@@ -82,6 +83,42 @@ def _ddp_step_us(group, device, gloo, width: int, steps: int) -> tuple[float, li
     return float(worst), losses
 
 
+def _layer_cost(device, name, commit, W, calls: int) -> list:
+    """The backend's own host time per dist.all_reduce: the call's time minus the time
+    inside commlab.all_reduce (timed around it in the same calls; the median of each)."""
+    from commlab.bench._records import Record
+    from commlab.torch_backend import _native
+
+    inner_fn, inside = _native.all_reduce, []
+
+    def timed_inner(*a, **k):
+        t0 = time.perf_counter()
+        try:
+            return inner_fn(*a, **k)
+        finally:
+            inside.append(time.perf_counter() - t0)
+
+    out = []
+    for nbytes in SIZES:
+        x = torch.zeros(nbytes // 4, device=device)
+        _native.all_reduce = timed_inner
+        try:
+            layer = []
+            for _ in range(calls):
+                _sync(device)
+                t0 = time.perf_counter()
+                dist.all_reduce(x)
+                total = time.perf_counter() - t0
+                layer.append((total - inside[-1]) * 1e6)
+        finally:
+            _native.all_reduce = inner_fn
+        out.append(Record.measured(op="all_reduce", impl="dist:commlab-layer", dtype="float32",
+                                   nbytes=nbytes, world_size=W,
+                                   time_us=statistics.median(layer), device=name,
+                                   commit=commit, mode="eager"))
+    return out
+
+
 def bench(comm, device_type: str, iters: int, reps: int, steps: int, width: int) -> list:
     import commlab
     from commlab.bench._records import Record, git_commit
@@ -127,6 +164,7 @@ def bench(comm, device_type: str, iters: int, reps: int, steps: int, width: int)
             records.append(Record.measured(op="all_reduce", impl=impl, dtype="float32",
                                            nbytes=nbytes, world_size=W, time_us=us,
                                            device=name, commit=commit, mode="eager"))
+    records += _layer_cost(device, name, commit, W, iters * reps)
     losses = {}
     grad_bytes = sum(p.numel() * 4 for p in _mlp(0, width).parameters())
     for impl, group in (("dist:commlab", dist.group.WORLD), (ref_name, ref)):
