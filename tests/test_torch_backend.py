@@ -119,3 +119,9 @@ def test_custom_ops_ag_gemm_and_gemm_rs_match_gloo_math_with_grads_and_compile(
     results = world(tb.custom_ops_world, world_size, seed, timeout=400)
     for section in ("ag_gemm", "gemm_rs", "fake", "compile"):
         assert_checks(results, section)
+
+
+def test_commlab_init_can_start_torch_distributed_on_commlab(world):
+    results = world(tb.env_world, 2, env={"COMMLAB_TORCH_BACKEND": "commlab"})
+    assert results == [{"backend": "commlab", "sum": [3.0] * 3, "spans": ["all_reduce"],
+                        "same": True}] * 2

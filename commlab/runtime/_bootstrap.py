@@ -107,6 +107,8 @@ def bootstrap(backend: str, timeout_s: float) -> World:
     if rank == 0:
         store.set("token", uuid.uuid4().hex[:12])
     token = store.get("token").decode()
+    if os.environ.get("COMMLAB_TORCH_BACKEND") == "commlab":  # torch.distributed on commlab
+        pg_backend = "commlab" if chosen == "cpu" else "cpu:gloo,cuda:commlab"
     kwargs = {"device_id": device} if chosen == "cuda" else {}
     dist.init_process_group(
         pg_backend,
@@ -116,8 +118,11 @@ def bootstrap(backend: str, timeout_s: float) -> World:
         timeout=timeout,
         **kwargs,
     )
-    group = dist.group.WORLD
-    return World(rank, world_size, local_rank, chosen, device, group, group, token, True)
+    group = cpu_group = dist.group.WORLD
+    adopted = _GROUP_SOURCE(chosen) if _GROUP_SOURCE is not None else None
+    if adopted is not None:
+        _, group, cpu_group = adopted
+    return World(rank, world_size, local_rank, chosen, device, group, cpu_group, token, True)
 
 
 def _agree_backend(store, rank: int, world_size: int, local_rank: int, wanted: str) -> str:

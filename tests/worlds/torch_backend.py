@@ -447,3 +447,16 @@ def custom_ops_world(comm, seed: int) -> dict:
         torch.testing.assert_close(y, y_ref, rtol=0, atol=0)
         torch.testing.assert_close(grads, (w1.grad, w2.grad), rtol=0, atol=0)
     return ck.result()
+
+
+def env_world(comm) -> dict:
+    """A world started by ``commlab.init()`` with ``COMMLAB_TORCH_BACKEND=commlab`` (what
+    ``%dist_start`` engines do when the notebook sets it): torch.distributed is on
+    "commlab" and shares the Communicator."""
+    t = torch.ones(3) * (comm.rank + 1)
+    commlab.trace.start()
+    dist.all_reduce(t)
+    spans = commlab.trace.stop()
+    return {"backend": dist.get_backend(), "sum": t.tolist(),
+            "spans": [s.name for s in spans if s.kind == "comm"],
+            "same": commlab.init() is comm is dist.group.WORLD.communicator()}
