@@ -51,6 +51,7 @@ _LAZY = {  # heavier parts, imported on first use
     "ag_gemm": ("commlab.overlap", "ag_gemm"),
     "gemm_rs": ("commlab.overlap", "gemm_rs"),
     "tune": ("commlab.tuning", "tune"),
+    "watch": ("commlab.torch_backend.watch", "watch"),
 }
 
 

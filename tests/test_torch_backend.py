@@ -125,3 +125,22 @@ def test_commlab_init_can_start_torch_distributed_on_commlab(world):
     results = world(tb.env_world, 2, env={"COMMLAB_TORCH_BACKEND": "commlab"})
     assert results == [{"backend": "commlab", "sum": [3.0] * 3, "spans": ["all_reduce"],
                         "same": True}] * 2
+
+
+def test_watch_names_a_straggling_rank_when_the_ratio_rises(world):
+    results = world(tb.watch_world, 2, "straggler", init=False, timeout=300)
+    for res in results:  # every rank decides the same
+        steps = [s for s, _ in res["alerts"]]
+        assert steps and min(steps) >= 5, res
+        assert all("rank 1 is straggling" in a for _, a in res["alerts"]), res["alerts"]
+        assert len(res["warned"]) == len(res["alerts"])
+    assert results[0]["alerts"] == results[1]["alerts"]
+
+
+def test_watch_points_at_the_slow_link_of_the_recorded_topology(world):
+    results = world(tb.watch_world, 2, "slow_link", init=False, timeout=300)
+    for res in results:
+        assert res["alerts"] and min(s for s, _ in res["alerts"]) >= 5, res
+        text = res["alerts"][0][1]
+        assert "the collectives themselves slowed down" in text, text
+        assert "rank0-rank1 (shm SHM, 3.5 GB/s measured)" in text, text

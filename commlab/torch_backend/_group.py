@@ -8,13 +8,31 @@ raised before anything runs, like torch's own backends.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.distributed as dist
 
+from commlab import trace
 from commlab.torch_backend import _native
 from commlab.torch_backend._fallback import Fallback
 from commlab.torch_backend._reduce import op_name
 from commlab.torch_backend._work import completed
+
+
+def _traced(method):
+    """A "dist" span around the whole call (waiting for late ranks included) while a
+    trace records: what ``commlab.watch`` counts as communication."""
+    name = method.__name__.lstrip("_")
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        if not trace.is_recording():
+            return method(self, *args, **kwargs)
+        with trace.span(name, kind="dist"):
+            return method(self, *args, **kwargs)
+
+    return wrapper
 
 
 class CommlabProcessGroup(dist.ProcessGroup):
@@ -72,6 +90,7 @@ class CommlabProcessGroup(dist.ProcessGroup):
         return completed(result, comm.device)
 
     # -- native where commlab has the op ------------------------------------------------
+    @_traced
     def allreduce(self, tensors, opts=None):
         opts = opts or dist.AllreduceOptions()
         comm = self._native(tensors)
@@ -82,6 +101,7 @@ class CommlabProcessGroup(dist.ProcessGroup):
             _native.all_reduce_(comm, t, name)
         return self._done(tensors, comm)
 
+    @_traced
     def allreduce_coalesced(self, tensors, opts=None):
         opts = opts or dist.AllreduceCoalescedOptions()
         comm = self._native(tensors)
@@ -92,6 +112,7 @@ class CommlabProcessGroup(dist.ProcessGroup):
             _native.all_reduce_(comm, t, name)
         return self._done(tensors, comm)
 
+    @_traced
     def broadcast(self, tensors, opts=None):
         opts = opts or dist.BroadcastOptions()
         comm = self._native(tensors)
@@ -101,6 +122,7 @@ class CommlabProcessGroup(dist.ProcessGroup):
             _native.broadcast_(comm, t, opts.rootRank)
         return self._done(tensors, comm)
 
+    @_traced
     def allgather(self, output_lists, inputs, opts=None):
         opts = opts or dist.AllgatherOptions()
         comm = self._native(output_lists, inputs)
@@ -110,6 +132,7 @@ class CommlabProcessGroup(dist.ProcessGroup):
             _native.all_gather_list_(comm, outs, inp)
         return self._done(output_lists, comm)
 
+    @_traced
     def all_gather_single(self, output, inp, opts=None):
         opts = opts or dist.AllgatherOptions()
         comm = self._native(output, inp)
@@ -120,6 +143,7 @@ class CommlabProcessGroup(dist.ProcessGroup):
 
     _allgather_base = all_gather_single
 
+    @_traced
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
         opts = opts or dist.AllgatherOptions()
         comm = self._native(outputs, inputs)
@@ -132,6 +156,7 @@ class CommlabProcessGroup(dist.ProcessGroup):
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
+    @_traced
     def reduce_scatter(self, outputs, input_lists, opts=None):
         opts = opts or dist.ReduceScatterOptions()
         comm = self._native(outputs, input_lists)
@@ -148,6 +173,7 @@ class CommlabProcessGroup(dist.ProcessGroup):
             _native.reduce_scatter_into_(comm, out, flat, name)
         return self._done(outputs, comm)
 
+    @_traced
     def reduce_scatter_single(self, output, inp, opts=None):
         opts = opts or dist.ReduceScatterOptions()
         comm = self._native(output, inp)
@@ -158,6 +184,7 @@ class CommlabProcessGroup(dist.ProcessGroup):
 
     _reduce_scatter_base = reduce_scatter_single
 
+    @_traced
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
         opts = opts or dist.ReduceScatterOptions()
         comm = self._native(outputs, inputs)
@@ -171,6 +198,7 @@ class CommlabProcessGroup(dist.ProcessGroup):
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
+    @_traced
     def all_to_all_single(self, output, inp, output_splits, input_splits, opts=None):
         opts = opts or dist.AllToAllOptions()
         comm = self._native(output, inp)
@@ -183,6 +211,7 @@ class CommlabProcessGroup(dist.ProcessGroup):
 
     alltoall_base = all_to_all_single
 
+    @_traced
     def alltoall(self, outputs, inputs, opts=None):
         opts = opts or dist.AllToAllOptions()
         comm = self._native(outputs, inputs)
@@ -196,6 +225,7 @@ class CommlabProcessGroup(dist.ProcessGroup):
             o.copy_(piece.view(o.shape))
         return self._done(outputs, comm)
 
+    @_traced
     def barrier(self, opts=None):
         comm = self._native()
         if comm is None:
@@ -206,26 +236,33 @@ class CommlabProcessGroup(dist.ProcessGroup):
         return self._done([], comm)
 
     # -- through the fallback group -----------------------------------------------------
+    @_traced
     def send(self, tensors, dst: int, tag: int = 0):
         return self.fallback.for_tensors(tensors).send(tensors, dst, tag)
 
+    @_traced
     def recv(self, tensors, src: int, tag: int = 0):
         return self.fallback.for_tensors(tensors).recv(tensors, src, tag)
 
+    @_traced
     def recv_anysource(self, tensors, tag: int = 0):
         return self.fallback.for_tensors(tensors).recv_anysource(tensors, tag)
 
+    @_traced
     def reduce(self, tensors, opts=None):
         return self.fallback.for_tensors(tensors).reduce(tensors, opts or dist.ReduceOptions())
 
+    @_traced
     def gather(self, output_lists, inputs, opts=None):
         return self.fallback.for_tensors(inputs).gather(output_lists, inputs,
                                                         opts or dist.GatherOptions())
 
+    @_traced
     def scatter(self, outputs, input_lists, opts=None):
         return self.fallback.for_tensors(outputs).scatter(outputs, input_lists,
                                                           opts or dist.ScatterOptions())
 
+    @_traced
     def allgather_coalesced(self, output_lists, inputs, opts=None):
         return self.fallback.for_tensors(inputs).allgather_coalesced(
             output_lists, inputs, opts or dist.AllgatherOptions())

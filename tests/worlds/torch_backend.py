@@ -460,3 +460,57 @@ def env_world(comm) -> dict:
     return {"backend": dist.get_backend(), "sum": t.tolist(),
             "spans": [s.name for s in spans if s.kind == "comm"],
             "same": commlab.init() is comm is dist.group.WORLD.communicator()}
+
+
+# --- commlab.watch ------------------------------------------------------------------------
+
+
+def watch_world(comm, scenario: str, steps: int = 8, slow_from: int = 5) -> dict:
+    """DDP steps under ``commlab.watch()``; from step ``slow_from`` either the last rank
+    computes 0.3 s longer ("straggler") or every collective takes 0.2 s longer inside
+    its kernel span ("slow_link")."""
+    import contextlib
+    import time
+    import warnings
+
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from commlab.topology import Edge, Node, Topology
+    from commlab.torch_backend import _native
+
+    rank, W, _ = start()
+    topo = Topology("test", nodes=[Node(f"rank{r}", "rank") for r in range(W)],
+                    edges=[Edge("rank0", "rank1", "shm", "SHM", measured_gbps=3.5)],
+                    ranks={r: f"rank{r}" for r in range(W)})
+    model = DDP(_mlp(0), bucket_cap_mb=0.001)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    w = commlab.watch(baseline=3, factor=2.0, topology=topo, verbose=False)
+    kernel = _native.all_reduce
+
+    def slow_all_reduce(t, op="sum"):
+        with commlab.trace.collective("all_reduce", 0, "slowed", None):
+            time.sleep(0.2)  # the link is slow: the kernel takes longer, same bytes
+        return kernel(t, op=op)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(steps):
+            slow = step >= slow_from
+            if scenario == "slow_link" and slow:
+                _native.all_reduce = slow_all_reduce
+            with w.step():
+                x, y = _batch(0, rank, step)
+                if scenario == "straggler" and slow and rank == W - 1:
+                    time.sleep(0.3)
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            _native.all_reduce = kernel
+    with contextlib.suppress(Exception):
+        w.figure()  # renders (matplotlib, headless)
+    dist.destroy_process_group()
+    return {"alerts": [(s.step, s.alert) for s in w.history if s.alert],
+            "warned": [str(c.message) for c in caught
+                       if c.category.__name__ == "CommRatioWarning"],
+            "ratios": [s.ratio for s in w.history]}
