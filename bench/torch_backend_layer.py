@@ -41,7 +41,7 @@ def main() -> None:
     gloo = dist.new_group(backend="gloo")
     pg, opts = dist.group.WORLD, dist.AllreduceOptions()
     kernel = _native.all_reduce
-    _native.all_reduce = lambda t, op="sum": t.clone()  # the collective's output, no kernel
+    _native.all_reduce = lambda t, op="sum", algorithm="auto": t.clone()  # output, no kernel
     try:
         rows = {
             "dist.all_reduce via commlab (no kernel)": per_call_us(lambda: dist.all_reduce(x)),

@@ -48,6 +48,9 @@ class CommlabProcessGroup(dist.ProcessGroup):
         self._name = ""
         self._desc = ""
         self._comm = None
+        # commlab's all-reduce algorithm for this group's all_reduce calls ("auto",
+        # "one_shot", "two_shot", "ring"); set it on every rank, between calls
+        self.all_reduce_algorithm = "auto"
 
     # -- identity (DDP and DeviceMesh read these) ---------------------------------------
     def getBackendName(self) -> str:
@@ -98,7 +101,7 @@ class CommlabProcessGroup(dist.ProcessGroup):
             return self.fallback.for_tensors(tensors).allreduce(tensors, opts)
         name = op_name(opts.reduceOp)
         for t in tensors:
-            _native.all_reduce_(comm, t, name)
+            _native.all_reduce_(comm, t, name, self.all_reduce_algorithm)
         return self._done(tensors, comm)
 
     @_traced
@@ -109,7 +112,7 @@ class CommlabProcessGroup(dist.ProcessGroup):
             return self.fallback.for_tensors(tensors).allreduce_coalesced(tensors, opts)
         name = op_name(opts.reduceOp)
         for t in tensors:
-            _native.all_reduce_(comm, t, name)
+            _native.all_reduce_(comm, t, name, self.all_reduce_algorithm)
         return self._done(tensors, comm)
 
     @_traced

@@ -57,9 +57,9 @@ def exchange_rows(comm, t: torch.Tensor) -> torch.Tensor:
 # --- the ops ------------------------------------------------------------------------
 
 
-def all_reduce_(comm, t: torch.Tensor, name: str) -> None:
+def all_reduce_(comm, t: torch.Tensor, name: str, algorithm: str = "auto") -> None:
     if in_kernel(name, t.dtype):
-        y = all_reduce(t, op="sum" if name == "avg" else name)
+        y = all_reduce(t, op="sum" if name == "avg" else name, algorithm=algorithm)
         if name == "avg":
             y = finish_avg(y, comm.world_size)
         t.copy_(y)

@@ -165,24 +165,31 @@ class Watch:
             (f"\n  ! {st.alert}" if st.alert else "")
 
     def figure(self):
-        """A matplotlib figure of the ratio per step, the baseline and the alarm level."""
-        import matplotlib.pyplot as plt
+        """A plotly figure of the ratio per step, the baseline and the warning level."""
+        return ratio_figure([s.to_dict() for s in self.history], self.baseline(), self.factor)
 
-        fig, ax = plt.subplots(figsize=(7, 3))
-        steps = [s.step for s in self.history]
-        ax.plot(steps, [s.ratio for s in self.history], marker="o", label="comm / compute")
-        base = self.baseline()
-        if base is not None:
-            ax.axhline(base, color="gray", ls="--", label="baseline")
-            ax.axhline(self.factor * base, color="red", ls=":", label=f"{self.factor:g}x")
-        for s in self.history:
-            if s.alert:
-                ax.annotate("!", (s.step, s.ratio), color="red", fontsize=14, ha="center")
-        ax.set_xlabel("step")
-        ax.set_ylabel("ratio (worst rank)")
-        ax.legend(loc="upper left")
-        fig.tight_layout()
-        return fig
+
+def ratio_figure(history: list[dict], baseline: float | None, factor: float):
+    """The watch's plot from plain data (``StepStats.to_dict()`` per step), so a notebook
+    can draw what it pulled from the ranks."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    fig.add_scatter(x=[h["step"] for h in history], y=[h["ratio"] for h in history],
+                    mode="lines+markers", name="comm / compute (worst rank)",
+                    text=[h["alert"] for h in history], hoverinfo="x+y+text")
+    if baseline is not None:
+        fig.add_hline(y=baseline, line_dash="dash", line_color="gray",
+                      annotation_text="baseline")
+        fig.add_hline(y=factor * baseline, line_dash="dot", line_color="red",
+                      annotation_text=f"{factor:g}x: warn")
+    for h in history:
+        if h["alert"]:
+            fig.add_annotation(x=h["step"], y=h["ratio"], text="!", showarrow=False,
+                               font={"color": "red", "size": 18}, yshift=12)
+    fig.update_layout(height=300, margin={"t": 30}, xaxis_title="step",
+                      yaxis_title="comm / compute")
+    return fig
 
 
 def _gbps(rows: list[dict]) -> float:

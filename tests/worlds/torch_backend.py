@@ -467,7 +467,7 @@ def env_world(comm) -> dict:
 
 def watch_world(comm, scenario: str, steps: int = 8, slow_from: int = 5) -> dict:
     """DDP steps under ``commlab.watch()``; from step ``slow_from`` either the last rank
-    computes 0.3 s longer ("straggler") or every collective takes 0.2 s longer inside
+    computes 0.4 s longer ("straggler") or every collective takes 0.2 s longer inside
     its kernel span ("slow_link")."""
     import contextlib
     import time
@@ -487,10 +487,10 @@ def watch_world(comm, scenario: str, steps: int = 8, slow_from: int = 5) -> dict
     w = commlab.watch(baseline=3, factor=2.0, topology=topo, verbose=False)
     kernel = _native.all_reduce
 
-    def slow_all_reduce(t, op="sum"):
+    def slow_all_reduce(t, op="sum", algorithm="auto"):
         with commlab.trace.collective("all_reduce", 0, "slowed", None):
             time.sleep(0.2)  # the link is slow: the kernel takes longer, same bytes
-        return kernel(t, op=op)
+        return kernel(t, op=op, algorithm=algorithm)
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -500,8 +500,11 @@ def watch_world(comm, scenario: str, steps: int = 8, slow_from: int = 5) -> dict
                 _native.all_reduce = slow_all_reduce
             with w.step():
                 x, y = _batch(0, rank, step)
+                end = time.perf_counter() + 0.04  # 40 ms of steady compute per step, so
+                while time.perf_counter() < end:  # the baseline ratio is not noise
+                    pass
                 if scenario == "straggler" and slow and rank == W - 1:
-                    time.sleep(0.3)
+                    time.sleep(0.4)
                 loss = torch.nn.functional.mse_loss(model(x), y)
                 opt.zero_grad()
                 loss.backward()
