@@ -144,3 +144,20 @@ def test_watch_points_at_the_slow_link_of_the_recorded_topology(world):
         text = res["alerts"][0][1]
         assert "the collectives themselves slowed down" in text, text
         assert "rank0-rank1 (shm SHM, 3.5 GB/s measured)" in text, text
+
+
+def test_import_commlab_registers_the_backend_without_building_anything():
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import torch.distributed as dist, commlab\n"
+        "from commlab.runtime import communicator\n"
+        "assert 'COMMLAB' in dist.Backend._plugins\n"
+        "assert not dist.is_initialized() and communicator._COMM is None\n"
+        "import sys; assert 'commlab.torch_backend._group' not in sys.modules\n"
+        "assert 'commlab.torch_backend.ops' not in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120,
+                   env={**os.environ, "COMMLAB_BACKEND": "cpu"})
