@@ -10,6 +10,7 @@ from commlab import _interpreter
 if _interpreter.decide():  # before any kernel is defined: CPU backend = Triton's interpreter
     _interpreter.install()  # its speed-ups, for every kernel (commlab's and the user's)
 
+from commlab import torch_backend as _torch_backend  # noqa: E402
 from commlab import trace, tuning  # noqa: E402,F401 (tuning: auto's measured tables)
 from commlab.collectives import (  # noqa: E402
     all_gather,
@@ -35,6 +36,8 @@ from commlab.runtime import (  # noqa: E402
     symmetric_zeros,
 )
 
+_torch_backend.register()  # dist.init_process_group("commlab"): nothing is built yet
+
 __version__ = "0.1.0"
 
 __all__ = [
@@ -49,6 +52,7 @@ _LAZY = {  # heavier parts, imported on first use
     "ag_gemm": ("commlab.overlap", "ag_gemm"),
     "gemm_rs": ("commlab.overlap", "gemm_rs"),
     "tune": ("commlab.tuning", "tune"),
+    "watch": ("commlab.torch_backend.watch", "watch"),
 }
 
 

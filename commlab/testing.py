@@ -40,7 +40,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank_main(rank, world_size, port, backend, fn, args, kwargs, results, env):
+def _rank_main(rank, world_size, port, backend, fn, args, kwargs, results, env, init=True):
     os.environ.update(env)
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
                       LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
@@ -50,7 +50,7 @@ def _rank_main(rank, world_size, port, backend, fn, args, kwargs, results, env):
     try:
         import commlab
 
-        comm = commlab.init(backend=backend)
+        comm = commlab.init(backend=backend) if init else None
         out = fn(comm, *args, **kwargs)
         try:
             payload = pickle.dumps(out)
@@ -63,16 +63,19 @@ def _rank_main(rank, world_size, port, backend, fn, args, kwargs, results, env):
 
 
 def run_world(fn, world_size: int, args: tuple = (), kwargs: dict | None = None, *,
-              backend: str = "cpu", timeout: float = 180.0, env: dict | None = None) -> list:
+              backend: str = "cpu", timeout: float = 180.0, env: dict | None = None,
+              init: bool = True) -> list:
     """Run ``fn(comm, *args, **kwargs)`` on ``world_size`` fresh ranks; return the results
-    in rank order. ``fn`` must be importable (a module-level function)."""
+    in rank order. ``fn`` must be importable (a module-level function). ``init=False``
+    skips ``commlab.init`` (``comm`` is None): ``fn`` starts torch.distributed itself, as
+    a script under torchrun does."""
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
     procs = [
         ctx.Process(target=_rank_main, daemon=True,
                     args=(r, world_size, port, backend, fn, args, kwargs or {}, results,
-                          env or {}))
+                          env or {}, init))
         for r in range(world_size)
     ]
     for p in procs:

@@ -17,10 +17,10 @@ def world():
     a fresh world of CPU ranks and return the per-rank results; a failing rank fails the
     test with every rank's traceback."""
 
-    def launch(fn, world_size, *args, timeout=180, env=None, **kwargs):
+    def launch(fn, world_size, *args, timeout=180, env=None, init=True, **kwargs):
         try:
             return run_world(fn, world_size, args=args, kwargs=kwargs, timeout=timeout,
-                             env={"COMMLAB_TIMEOUT": "60", **(env or {})})
+                             env={"COMMLAB_TIMEOUT": "60", **(env or {})}, init=init)
         except WorldError as e:
             pytest.fail(str(e), pytrace=False)
 

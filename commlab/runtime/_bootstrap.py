@@ -39,6 +39,18 @@ class World:
 _STORES: dict[tuple[str, int], dist.Store] = {}
 _GENERATIONS: dict[object, int] = {}
 
+# A torch.distributed backend built on commlab (commlab.torch_backend) names the groups
+# the Communicator of its default group uses; None when the default group is not its own.
+_GROUP_SOURCE = None
+
+
+def set_group_source(fn) -> None:
+    """``fn(backend) -> (backend, group, cpu_group) | None``, asked when torch.distributed
+    is already initialised: the backend (``"cpu"``/``"cuda"``) and the gloo/NCCL groups
+    the Communicator should use in place of the default group."""
+    global _GROUP_SOURCE
+    _GROUP_SOURCE = fn
+
 
 def _env_int(name: str) -> int | None:
     v = os.environ.get(name)
@@ -95,6 +107,8 @@ def bootstrap(backend: str, timeout_s: float) -> World:
     if rank == 0:
         store.set("token", uuid.uuid4().hex[:12])
     token = store.get("token").decode()
+    if os.environ.get("COMMLAB_TORCH_BACKEND") == "commlab":  # torch.distributed on commlab
+        pg_backend = "commlab" if chosen == "cpu" else "cpu:gloo,cuda:commlab"
     kwargs = {"device_id": device} if chosen == "cuda" else {}
     dist.init_process_group(
         pg_backend,
@@ -104,8 +118,11 @@ def bootstrap(backend: str, timeout_s: float) -> World:
         timeout=timeout,
         **kwargs,
     )
-    group = dist.group.WORLD
-    return World(rank, world_size, local_rank, chosen, device, group, group, token, True)
+    group = cpu_group = dist.group.WORLD
+    adopted = _GROUP_SOURCE(chosen) if _GROUP_SOURCE is not None else None
+    if adopted is not None:
+        _, group, cpu_group = adopted
+    return World(rank, world_size, local_rank, chosen, device, group, cpu_group, token, True)
 
 
 def _agree_backend(store, rank: int, world_size: int, local_rank: int, wanted: str) -> str:
@@ -147,11 +164,14 @@ def _check_compiled_mode(backend: str) -> None:
 
 
 def _from_existing(backend: str) -> World:
+    adopted = _GROUP_SOURCE(backend) if _GROUP_SOURCE is not None else None
     rank, world_size = dist.get_rank(), dist.get_world_size()
     local_rank = _env_int("LOCAL_RANK")
     local_rank = rank if local_rank is None else local_rank
     pg_backend = str(dist.get_backend()).lower()
     has_nccl = "nccl" in pg_backend
+    if adopted is not None:
+        backend = adopted[0]
     if backend == "auto":
         backend = "cuda" if has_nccl else "cpu"
     if backend == "cuda" and not _has_gpu(local_rank):
@@ -159,11 +179,17 @@ def _from_existing(backend: str) -> World:
             f"commlab.init(backend='cuda'): rank {rank} sees no CUDA GPU; use backend='cpu'"
         )
     _check_compiled_mode(backend)
-    cpu_group = dist.group.WORLD if "gloo" in pg_backend else dist.new_group(backend="gloo")
+    group = dist.group.WORLD
+    if adopted is not None:
+        _, group, cpu_group = adopted
+    elif "gloo" in pg_backend:
+        cpu_group = group
+    else:
+        cpu_group = dist.new_group(backend="gloo")
     device = torch.device("cuda", local_rank) if backend == "cuda" else torch.device("cpu")
     if backend == "cuda":
         torch.cuda.set_device(device)
     obj = [uuid.uuid4().hex[:12] if rank == 0 else None]
     dist.broadcast_object_list(obj, src=0, group=cpu_group)
-    return World(rank, world_size, local_rank, backend, device, dist.group.WORLD, cpu_group,
-                 obj[0], False)
+    return World(rank, world_size, local_rank, backend, device, group, cpu_group, obj[0],
+                 False)

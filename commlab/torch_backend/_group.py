@@ -1,0 +1,301 @@
+"""``CommlabProcessGroup``: torch.distributed's process-group interface on commlab.
+
+A group that spans the whole world runs the collectives in ``_native`` on the
+process's one Communicator (built at its first collective, or by ``commlab.init()``);
+everything else goes to the ``Fallback`` group of the same ranks. Argument errors are
+raised before anything runs, like torch's own backends.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.distributed as dist
+
+from commlab import trace
+from commlab.torch_backend import _native
+from commlab.torch_backend._fallback import Fallback
+from commlab.torch_backend._reduce import op_name
+from commlab.torch_backend._work import completed
+
+
+def _traced(method):
+    """A "dist" span around the whole call (waiting for late ranks included) while a
+    trace records: what ``commlab.watch`` counts as communication."""
+    name = method.__name__.lstrip("_")
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        if not trace.is_recording():
+            return method(self, *args, **kwargs)
+        with trace.span(name, kind="dist"):
+            return method(self, *args, **kwargs)
+
+    return wrapper
+
+
+class CommlabProcessGroup(dist.ProcessGroup):
+    """The "commlab" backend's group (made by ``dist.init_process_group("commlab")`` or
+    ``dist.new_group(ranks, backend="commlab")``)."""
+
+    def __init__(self, store, rank: int, size: int, timeout, *, spans_world: bool,
+                 is_default: bool):
+        super().__init__(rank, size)
+        self.spans_world = spans_world  # False: every op goes to the fallback
+        self.is_default = is_default  # the default group: it closes the Communicator
+        self.fallback = Fallback(store, rank, size, timeout)
+        self._name = ""
+        self._desc = ""
+        self._comm = None
+        # commlab's all-reduce algorithm for this group's all_reduce calls ("auto",
+        # "one_shot", "two_shot", "ring"); set it on every rank, between calls
+        self.all_reduce_algorithm = "auto"
+
+    # -- identity (DDP and DeviceMesh read these) ---------------------------------------
+    def getBackendName(self) -> str:
+        return "commlab"
+
+    def setGroupName(self, name: str) -> None:
+        self._name = name
+
+    def getGroupName(self) -> str:
+        return self._name
+
+    def setGroupDesc(self, desc: str) -> None:
+        self._desc = desc
+
+    def getGroupDesc(self) -> str:
+        return self._desc
+
+    # -- routing ------------------------------------------------------------------------
+    def communicator(self):
+        """The Communicator the native ops run on (built on first use, collectively)."""
+        comm = self._comm
+        if comm is None or comm.closed:
+            from commlab.runtime import init
+
+            comm = self._comm = init()
+        return comm
+
+    def _native(self, *tensors):
+        """The Communicator when these tensors run on commlab's kernels, else None."""
+        if not self.spans_world:
+            return None
+        comm = self.communicator()
+        kind = comm.device.type
+        for t in _tensors(tensors):
+            if t.device.type != kind:
+                return None
+        return comm
+
+    def _done(self, result, comm):
+        return completed(result, comm.device)
+
+    # -- native where commlab has the op ------------------------------------------------
+    @_traced
+    def allreduce(self, tensors, opts=None):
+        opts = opts or dist.AllreduceOptions()
+        comm = self._native(tensors)
+        if comm is None:
+            return self.fallback.for_tensors(tensors).allreduce(tensors, opts)
+        name = op_name(opts.reduceOp)
+        for t in tensors:
+            _native.all_reduce_(comm, t, name, self.all_reduce_algorithm)
+        return self._done(tensors, comm)
+
+    @_traced
+    def allreduce_coalesced(self, tensors, opts=None):
+        opts = opts or dist.AllreduceCoalescedOptions()
+        comm = self._native(tensors)
+        if comm is None:
+            return self.fallback.for_tensors(tensors).allreduce_coalesced(tensors, opts)
+        name = op_name(opts.reduceOp)
+        for t in tensors:
+            _native.all_reduce_(comm, t, name, self.all_reduce_algorithm)
+        return self._done(tensors, comm)
+
+    @_traced
+    def broadcast(self, tensors, opts=None):
+        opts = opts or dist.BroadcastOptions()
+        comm = self._native(tensors)
+        if comm is None:
+            return self.fallback.for_tensors(tensors).broadcast(tensors, opts)
+        for t in tensors:
+            _native.broadcast_(comm, t, opts.rootRank)
+        return self._done(tensors, comm)
+
+    @_traced
+    def allgather(self, output_lists, inputs, opts=None):
+        opts = opts or dist.AllgatherOptions()
+        comm = self._native(output_lists, inputs)
+        if comm is None:
+            return self.fallback.for_tensors(inputs).allgather(output_lists, inputs, opts)
+        for outs, inp in zip(output_lists, inputs, strict=True):
+            _native.all_gather_list_(comm, outs, inp)
+        return self._done(output_lists, comm)
+
+    @_traced
+    def all_gather_single(self, output, inp, opts=None):
+        opts = opts or dist.AllgatherOptions()
+        comm = self._native(output, inp)
+        if comm is None:
+            return self.fallback.for_tensors(inp)._allgather_base(output, inp, opts)
+        _native.all_gather_into_(comm, output, inp)
+        return self._done([output], comm)
+
+    _allgather_base = all_gather_single
+
+    @_traced
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        opts = opts or dist.AllgatherOptions()
+        comm = self._native(outputs, inputs)
+        if comm is None:
+            pg = self.fallback.for_tensors(inputs)
+            return pg.allgather_into_tensor_coalesced(outputs, inputs, opts)
+        for out, inp in zip(outputs, inputs, strict=True):
+            _native.all_gather_into_(comm, out, inp)
+        return self._done(outputs, comm)
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    @_traced
+    def reduce_scatter(self, outputs, input_lists, opts=None):
+        opts = opts or dist.ReduceScatterOptions()
+        comm = self._native(outputs, input_lists)
+        if comm is None:
+            pg = self.fallback.for_tensors(outputs)
+            return pg.reduce_scatter(outputs, input_lists, opts)
+        name = op_name(opts.reduceOp)
+        for out, ins in zip(outputs, input_lists, strict=True):
+            if len(ins) != comm.world_size:
+                _native.check(comm, "reduce_scatter",
+                              f"reduce_scatter: input list has {len(ins)} tensors; pass "
+                              f"world size ({comm.world_size}) tensors")
+            flat = torch.cat([t.reshape(-1) for t in ins])
+            _native.reduce_scatter_into_(comm, out, flat, name)
+        return self._done(outputs, comm)
+
+    @_traced
+    def reduce_scatter_single(self, output, inp, opts=None):
+        opts = opts or dist.ReduceScatterOptions()
+        comm = self._native(output, inp)
+        if comm is None:
+            return self.fallback.for_tensors(inp)._reduce_scatter_base(output, inp, opts)
+        _native.reduce_scatter_into_(comm, output, inp, op_name(opts.reduceOp))
+        return self._done([output], comm)
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    @_traced
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
+        opts = opts or dist.ReduceScatterOptions()
+        comm = self._native(outputs, inputs)
+        if comm is None:
+            pg = self.fallback.for_tensors(inputs)
+            return pg.reduce_scatter_tensor_coalesced(outputs, inputs, opts)
+        name = op_name(opts.reduceOp)
+        for out, inp in zip(outputs, inputs, strict=True):
+            _native.reduce_scatter_into_(comm, out, inp, name)
+        return self._done(outputs, comm)
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    @_traced
+    def all_to_all_single(self, output, inp, output_splits, input_splits, opts=None):
+        opts = opts or dist.AllToAllOptions()
+        comm = self._native(output, inp)
+        if comm is None or not (_even(output_splits, output, self.size())
+                                and _even(input_splits, inp, self.size())):
+            pg = self.fallback.for_tensors(inp)
+            return pg.alltoall_base(output, inp, output_splits, input_splits, opts)
+        _native.all_to_all_even_(comm, output, inp)
+        return self._done([output], comm)
+
+    alltoall_base = all_to_all_single
+
+    @_traced
+    def alltoall(self, outputs, inputs, opts=None):
+        opts = opts or dist.AllToAllOptions()
+        comm = self._native(outputs, inputs)
+        sizes = {(t.numel(), t.dtype) for t in [*outputs, *inputs]}
+        if comm is None or len(sizes) != 1:
+            return self.fallback.for_tensors(inputs).alltoall(outputs, inputs, opts)
+        out = torch.empty(sum(t.numel() for t in outputs), dtype=outputs[0].dtype,
+                          device=outputs[0].device)
+        _native.all_to_all_even_(comm, out, torch.cat([t.reshape(-1) for t in inputs]))
+        for o, piece in zip(outputs, out.chunk(len(outputs)), strict=True):
+            o.copy_(piece.view(o.shape))
+        return self._done(outputs, comm)
+
+    @_traced
+    def barrier(self, opts=None):
+        comm = self._native()
+        if comm is None:
+            return self.fallback.gloo.barrier(opts or dist.BarrierOptions())
+        from commlab.collectives import barrier
+
+        barrier()
+        return self._done([], comm)
+
+    # -- through the fallback group -----------------------------------------------------
+    @_traced
+    def send(self, tensors, dst: int, tag: int = 0):
+        return self.fallback.for_tensors(tensors).send(tensors, dst, tag)
+
+    @_traced
+    def recv(self, tensors, src: int, tag: int = 0):
+        return self.fallback.for_tensors(tensors).recv(tensors, src, tag)
+
+    @_traced
+    def recv_anysource(self, tensors, tag: int = 0):
+        return self.fallback.for_tensors(tensors).recv_anysource(tensors, tag)
+
+    @_traced
+    def reduce(self, tensors, opts=None):
+        return self.fallback.for_tensors(tensors).reduce(tensors, opts or dist.ReduceOptions())
+
+    @_traced
+    def gather(self, output_lists, inputs, opts=None):
+        return self.fallback.for_tensors(inputs).gather(output_lists, inputs,
+                                                        opts or dist.GatherOptions())
+
+    @_traced
+    def scatter(self, outputs, input_lists, opts=None):
+        return self.fallback.for_tensors(outputs).scatter(outputs, input_lists,
+                                                          opts or dist.ScatterOptions())
+
+    @_traced
+    def allgather_coalesced(self, output_lists, inputs, opts=None):
+        return self.fallback.for_tensors(inputs).allgather_coalesced(
+            output_lists, inputs, opts or dist.AllgatherOptions())
+
+    def monitored_barrier(self, timeout=None, wait_all_ranks: bool = False):
+        return self.fallback.gloo.monitored_barrier(timeout, wait_all_ranks)
+
+    def shutdown(self) -> None:
+        """``dist.destroy_process_group()``: close the fallback, and the Communicator when
+        this group made it (a later ``init_process_group`` builds a fresh one)."""
+        if self._comm is not None and self.is_default:
+            from commlab.runtime import finalize
+
+            finalize()
+            self._comm = None
+        self.fallback.shutdown()
+
+    def abort(self) -> None:
+        self.shutdown()
+
+
+def _tensors(items):
+    for x in items:
+        if isinstance(x, torch.Tensor):
+            yield x
+        elif isinstance(x, (list, tuple)):
+            yield from _tensors(x)
+
+
+def _even(splits, t: torch.Tensor, world: int) -> bool:
+    if not splits:
+        return True
+    return len(set(splits)) == 1 and len(splits) == world

@@ -1,0 +1,147 @@
+"""torch.distributed's collectives on commlab's kernels (the public collectives API).
+
+Each function does one dist op in place, the way torch defines it, for a group that
+spans the whole world. Rules torch checks locally (output sizes, dtypes) are published
+through commlab's agreement, so a rank that breaks one raises the same error on every
+rank instead of leaving its peers waiting.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from commlab.collectives import all_gather, all_reduce, all_to_all, broadcast, reduce_scatter
+from commlab.runtime import Signature
+from commlab.torch_backend._bitcast import NATIVE, from_words, to_words
+from commlab.torch_backend._reduce import finish_avg, in_kernel, reduce_rows
+
+
+def _dt(d: torch.dtype) -> str:
+    return str(d).replace("torch.", "")
+
+
+def agree(comm, what: str, error: str = "", **fields) -> None:
+    """One agreement on this dist-level call: the dtype and shape as torch sees them (the
+    kernels may see bit-cast words), or this rank's local error, raised on every rank."""
+    comm.control.agree(Signature(what, fields, error))
+
+
+def check(comm, what: str, error: str) -> None:
+    """Raise ``error`` on every rank when any rank found one (costs nothing when none did
+    on the kernels' own path: their agreement carries the error instead)."""
+    if error:
+        agree(comm, what, error)
+
+
+# --- helpers: every rank's tensor, for any dtype ----------------------------------------
+
+
+def gather_rows(comm, t: torch.Tensor) -> torch.Tensor:
+    """``[W, *t.shape]``: every rank's ``t`` in rank order (commlab's all-gather)."""
+    W = comm.world_size
+    if t.dtype in NATIVE:
+        return all_gather(t.reshape(1, -1)).view(W, *t.shape)
+    w, per = to_words(t, 1)
+    return from_words(all_gather(w), per, t.dtype, (W, *t.shape))
+
+
+def exchange_rows(comm, t: torch.Tensor) -> torch.Tensor:
+    """``t`` viewed as W rows; row j of the result is rank j's row ``me`` (all-to-all)."""
+    W = comm.world_size
+    if t.dtype in NATIVE:
+        return all_to_all(t.reshape(W, -1))
+    w, per = to_words(t, W)
+    return from_words(all_to_all(w), per, t.dtype, (W, -1))
+
+
+# --- the ops ------------------------------------------------------------------------
+
+
+def all_reduce_(comm, t: torch.Tensor, name: str, algorithm: str = "auto") -> None:
+    if in_kernel(name, t.dtype):
+        y = all_reduce(t, op="sum" if name == "avg" else name, algorithm=algorithm)
+        if name == "avg":
+            y = finish_avg(y, comm.world_size)
+        t.copy_(y)
+        return
+    agree(comm, "dist.all_reduce", dtype=_dt(t.dtype), shape=tuple(t.shape), op=name)
+    t.copy_(reduce_rows(gather_rows(comm, t), name))
+
+
+def broadcast_(comm, t: torch.Tensor, src: int) -> None:
+    if t.dtype not in NATIVE:
+        agree(comm, "dist.broadcast", dtype=_dt(t.dtype), shape=tuple(t.shape), src=src)
+    if t.dtype in NATIVE:
+        y = broadcast(t, src=src)
+        if comm.rank != src:
+            t.copy_(y)
+        return
+    w, per = to_words(t, 1)
+    y = broadcast(w, src=src)
+    if comm.rank != src:
+        t.copy_(from_words(y, per, t.dtype, t.shape))
+
+
+def all_gather_into_(comm, out: torch.Tensor, inp: torch.Tensor) -> None:
+    W = comm.world_size
+    err = ""
+    if out.dtype != inp.dtype:
+        err = (f"all_gather_into_tensor: output dtype {_dt(out.dtype)} differs from input "
+               f"dtype {_dt(inp.dtype)}; pass an output of the input's dtype")
+    elif out.numel() != W * inp.numel():
+        err = (f"all_gather_into_tensor: output has {out.numel()} elements, but world size "
+               f"{W} x input {inp.numel()} = {W * inp.numel()}; size the output to match")
+    check(comm, "all_gather", err)
+    if inp.dtype not in NATIVE:
+        agree(comm, "dist.all_gather", dtype=_dt(inp.dtype), shape=tuple(inp.shape))
+    out.copy_(gather_rows(comm, inp).view(out.shape))
+
+
+def all_gather_list_(comm, outs: list, inp: torch.Tensor) -> None:
+    W = comm.world_size
+    err = ""
+    if len(outs) != W:
+        err = f"all_gather: output list has {len(outs)} tensors; pass world size ({W}) tensors"
+    elif any(o.numel() != inp.numel() or o.dtype != inp.dtype for o in outs):
+        err = (f"all_gather: every output tensor must match the input ({inp.numel()} "
+               f"elements of {_dt(inp.dtype)}); size the outputs like the input")
+    check(comm, "all_gather", err)
+    if inp.dtype not in NATIVE:
+        agree(comm, "dist.all_gather", dtype=_dt(inp.dtype), shape=tuple(inp.shape))
+    rows = gather_rows(comm, inp)
+    for o, r in zip(outs, rows.unbind(0), strict=True):
+        o.copy_(r.view(o.shape))
+
+
+def reduce_scatter_into_(comm, out: torch.Tensor, inp: torch.Tensor, name: str) -> None:
+    W = comm.world_size
+    err = ""
+    if out.dtype != inp.dtype:
+        err = (f"reduce_scatter_tensor: output dtype {_dt(out.dtype)} differs from input "
+               f"dtype {_dt(inp.dtype)}; pass an output of the input's dtype")
+    elif inp.numel() != W * out.numel():
+        err = (f"reduce_scatter_tensor: input has {inp.numel()} elements, but world size "
+               f"{W} x output {out.numel()} = {W * out.numel()}; size the input to match")
+    check(comm, "reduce_scatter", err)
+    if not in_kernel(name, inp.dtype):
+        agree(comm, "dist.reduce_scatter", dtype=_dt(inp.dtype), shape=tuple(inp.shape),
+              op=name)
+        out.copy_(reduce_rows(exchange_rows(comm, inp), name).view(out.shape))
+        return
+    y = reduce_scatter(inp.reshape(W, -1), op="sum" if name == "avg" else name)
+    if name == "avg":
+        y = finish_avg(y, W)
+    out.copy_(y.view(out.shape))
+
+
+def all_to_all_even_(comm, out: torch.Tensor, inp: torch.Tensor) -> None:
+    W = comm.world_size
+    err = ""
+    if out.dtype != inp.dtype or out.numel() != inp.numel() or inp.numel() % W:
+        err = (f"all_to_all_single: input ({inp.numel()} x {_dt(inp.dtype)}) and output "
+               f"({out.numel()} x {_dt(out.dtype)}) must have the same dtype and size, "
+               f"divisible by the world size {W}; pass split sizes for uneven chunks")
+    check(comm, "all_to_all", err)
+    if inp.dtype not in NATIVE:
+        agree(comm, "dist.all_to_all", dtype=_dt(inp.dtype), shape=tuple(inp.shape))
+    out.copy_(exchange_rows(comm, inp).view(out.shape))
