@@ -20,8 +20,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("commlab.language", "commlab.trace"),                                     # device language, spans
     ("commlab.collectives", "commlab.overlap"),                                # collectives
     ("commlab.topology", "commlab.tuning", "commlab.costmodel", "commlab.widgets",
-     "commlab.bench", "commlab.testing", "commlab.demo", "commlab"),           # observe, measure, facade
-    ("commlab.torch_backend", "commlab.racecheck"),                            # torch integration, checking
+     "commlab.bench", "commlab.testing", "commlab.demo",                       # observe, measure,
+     "commlab.torch_backend", "commlab.racecheck", "commlab"),                 # torch, checking, facade
     ("commlab.engine",),                                                       # notebook engine
     ("commlab.magics",),                                                       # magics (top-level magics/)
 ]
