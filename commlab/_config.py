@@ -78,6 +78,9 @@ VARS: dict[str, Var] = {v.name: v for v in (
     Var("COMMLAB_INTERPRETER_FASTCALL", "1", _flag,
         "`0` turns off commlab's faster kernel launch under Triton's interpreter",
         "commlab._interpreter"),
+    Var("COMMLAB_TORCH_BACKEND", None, str,
+        "`commlab`: `commlab.init()` starts torch.distributed on the commlab backend (how a "
+        "`%dist_start` world gets it)", "commlab.runtime"),
     Var("COMMLAB_COMMIT", None, str,
         "commit recorded in benchmark results where the checkout has no `.git`",
         "commlab.bench"),

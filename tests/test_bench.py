@@ -210,11 +210,10 @@ def test_writing_merges_new_measurements_over_old(tmp_path):
 
 
 def test_commbench_draws_recorded_results_and_rejects_bad_flags(tmp_path):
+    from commlab.magics import bench as magic
     from IPython.core.error import UsageError
     from IPython.core.interactiveshell import InteractiveShell
     from IPython.utils.capture import capture_output
-
-    from commlab.magics import bench as magic
 
     # the process's one shell, whichever test made it first (a second shell class, as
     # IPython.testing.globalipapp makes, fails once the magics tests made theirs)

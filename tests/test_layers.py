@@ -15,15 +15,16 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # Low to high: a module may import its own layer or any lower one.
 LAYERS: list[tuple[str, ...]] = [
-    ("commlab.errors", "commlab._config", "commlab._interpreter"),              # base
-    ("commlab.runtime",),                                                      # runtime
-    ("commlab.language", "commlab.trace"),                                     # device language, spans
-    ("commlab.collectives", "commlab.overlap"),                                # collectives
+    ("commlab.errors", "commlab._config", "commlab._interpreter"),  # base
+    ("commlab.runtime",),  # runtime
+    ("commlab.language", "commlab.trace"),  # device language, spans
+    ("commlab.collectives", "commlab.overlap"),  # collectives
+    # observe, measure, torch integration, checking, and the facade beside them
     ("commlab.topology", "commlab.tuning", "commlab.costmodel", "commlab.widgets",
-     "commlab.bench", "commlab.testing", "commlab.demo",                       # observe, measure,
-     "commlab.torch_backend", "commlab.racecheck", "commlab"),                 # torch, checking, facade
-    ("commlab.engine",),                                                       # notebook engine
-    ("commlab.magics",),                                                       # magics (top-level magics/)
+     "commlab.bench", "commlab.testing", "commlab.demo", "commlab.torch_backend",
+     "commlab.racecheck", "commlab"),
+    ("commlab.engine",),  # notebook engine
+    ("commlab.magics",),  # magics (the top-level magics/ folder)
 ]
 
 # Imports that run against the layers on purpose; each is named in ARCHITECTURE.md.

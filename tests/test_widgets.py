@@ -127,9 +127,8 @@ def test_pump_batches_updates_to_about_ten_per_second():
 
 @pytest.fixture
 def ip():
-    from IPython.core.interactiveshell import InteractiveShell
-
     from commlab.magics import observe
+    from IPython.core.interactiveshell import InteractiveShell
 
     shell = InteractiveShell.instance()
     observe.register(shell)  # what %load_ext commlab does for these magics

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 
+from commlab import _config
+
 _BACKENDS = ("auto", "cpu", "cuda")
 
 
@@ -23,7 +25,7 @@ def _cuda_visible() -> bool:
 def decide() -> bool:
     """Set ``TRITON_INTERPRET`` if the CPU backend will be used; return whether it is on."""
     if "TRITON_INTERPRET" not in os.environ:
-        wanted = os.environ.get("COMMLAB_BACKEND", "auto").lower()
+        wanted = _config.get("COMMLAB_BACKEND")
         if wanted == "cpu" or (wanted == "auto" and not _cuda_visible()):
             os.environ["TRITON_INTERPRET"] = "1"
     return interpreting()

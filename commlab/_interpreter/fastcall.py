@@ -11,8 +11,9 @@ calls skip it. Applied only when the interpreter has the shape this was written 
 
 from __future__ import annotations
 
-import os
 import threading
+
+from commlab import _config
 
 
 def install() -> bool:
@@ -23,7 +24,7 @@ def install() -> bool:
     fn_cls, grid_cls = getattr(ti, "InterpretedFunction", None), getattr(ti, "GridExecutor", None)
     if (fn_cls is None or grid_cls is None or not hasattr(fn_cls, "rewrite")
             or not hasattr(ti, "_patch_lang")
-            or os.environ.get("COMMLAB_INTERPRETER_FASTCALL", "1") == "0"):
+            or not _config.get("COMMLAB_INTERPRETER_FASTCALL")):
         return False
     if getattr(fn_cls.__call__, "_commlab", False):
         return True

@@ -19,6 +19,8 @@ import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from commlab import _config
+
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
 MODES = ("eager", "graph")
 
@@ -144,8 +146,8 @@ def link_peak_gbps(comm) -> float | None:
 def git_commit(root: Path | None = None) -> str:
     """The checkout's commit (``-dirty`` with uncommitted changes); ``COMMLAB_COMMIT``
     wins (a copied working tree on a GPU machine may carry a stale .git)."""
-    if os.environ.get("COMMLAB_COMMIT"):
-        return os.environ["COMMLAB_COMMIT"]
+    if _config.get("COMMLAB_COMMIT"):
+        return _config.get("COMMLAB_COMMIT")
     root = root or Path(__file__).resolve().parents[2]
     try:
         sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, text=True,

@@ -159,7 +159,7 @@ def bench(comm, args, save) -> list[dict]:
     """Time every impl at every shape; ``save(records)`` after each shape (a time limit
     keeps what ran)."""
     records, dev_name = [], device_name(comm)
-    commit = os.environ.get("COMMLAB_COMMIT") or git_commit()  # no .git on some machines
+    commit = git_commit()  # no .git on some machines
     ms = [int(x) for x in args.m_values.split(",")]
     models = args.models.split(",")
     header = (f"{'op':8} {'model':5} {'M':>6} {'seq':>8} {'cl seq':>8} {'fused':>8} "
@@ -213,7 +213,7 @@ def tile_sweep(comm, args) -> list[dict]:
     default = overlap.GPU_TILE
     tiles = [default] + [parse_tile(t) for t in args.tiles.split(",") if t]
     name = lambda c: f"{c.BM}x{c.BN}x{c.BK}w{c.num_warps}s{c.num_stages}"  # noqa: E731
-    records, commit = [], os.environ.get("COMMLAB_COMMIT") or git_commit()
+    records, commit = [], git_commit()
     log(comm, "tile sweep (fused us): " + "  ".join(name(c) for c in tiles))
     for op in ("ag_gemm", "gemm_rs"):
         fn = commlab.ag_gemm if op == "ag_gemm" else commlab.gemm_rs

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 from dataclasses import dataclass
 
 import torch
@@ -13,6 +12,7 @@ import triton
 import triton.language as tl
 
 import commlab.language as cl
+from commlab import _config
 from commlab.runtime._control import Signature
 from commlab.runtime.communicator import Communicator, get_communicator
 from commlab.runtime.heap import MAX_BARRIER_BLOCKS
@@ -150,21 +150,21 @@ def launch_for(comm: Communicator, n: int) -> Launch:
     return Launch(min(cap, blocks, programs), block, warps)
 
 
-# GPU launch shapes; the environment overrides exist for sweeps (bench/probes/gpu_sweep.py)
-_GPU_BIG = int(os.environ.get("COMMLAB_GPU_BIG", 1 << 20))
-_GPU_BLOCK = int(os.environ.get("COMMLAB_GPU_BLOCK", 2048))
-_GPU_WARPS = int(os.environ.get("COMMLAB_GPU_WARPS", 8))
-_GPU_BLOCK_BIG = int(os.environ.get("COMMLAB_GPU_BLOCK_BIG", 8192))
-_GPU_WARPS_BIG = int(os.environ.get("COMMLAB_GPU_WARPS_BIG", 8))
-_GPU_PROGRAMS = int(os.environ.get("COMMLAB_GPU_PROGRAMS", 256))
+# GPU launch shapes (a sweep patches these names; bench/probes/gpu_sweep.py)
+_GPU_BIG = 1 << 20
+_GPU_BLOCK = 2048
+_GPU_WARPS = 8
+_GPU_BLOCK_BIG = 8192
+_GPU_WARPS_BIG = 8
+_GPU_PROGRAMS = 256
 
 
 def rounds_for(comm: Communicator, n: int, cfg: Launch) -> int:
     """Pipeline depth for the push kernels: one slice per ~4 blocks of each program,
     at most 8 (``COMMLAB_ROUNDS`` forces a depth: tests exercise the pipeline on CPU)."""
-    forced = os.environ.get("COMMLAB_ROUNDS")
+    forced = _config.get("COMMLAB_ROUNDS")
     if forced:
-        return int(forced)
+        return forced
     if comm.backend != "cuda":
         return 1
     return max(1, min(8, n // (cfg.block * cfg.programs) // 4))

@@ -10,11 +10,11 @@ takes the ordinary path. ``COMMLAB_FAST_LAUNCH=0`` turns the cache off.
 
 from __future__ import annotations
 
-import os
-
 import torch
 
-_FAST = os.environ.get("COMMLAB_FAST_LAUNCH", "1") != "0"
+from commlab import _config
+
+_FAST = _config.get("COMMLAB_FAST_LAUNCH")
 _CACHE: dict = {}
 
 

@@ -10,11 +10,11 @@ recovers the world. Ctrl-C in the notebook is forwarded to every running rank.
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 import time
 
+from commlab import _config
 from commlab.engine import _worker
 from commlab.engine._output import OutputMerger
 from commlab.engine._pids import alive
@@ -27,7 +27,7 @@ from commlab.engine._report import (
     strip_ansi,
 )
 
-GRACE_S = float(os.environ.get("COMMLAB_HANG_GRACE", 5.0))  # %%distributed --grace overrides
+GRACE_S = _config.get("COMMLAB_HANG_GRACE")  # %%distributed --grace overrides
 INTERRUPT_WAIT_S = 5.0  # how long an interrupted rank may take before it is restarted
 
 

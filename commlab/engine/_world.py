@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import psutil
 
+from commlab import _config
 from commlab.engine import _worker
 from commlab.engine._pids import alive, end_pids
 from commlab.engine._relay import Relay
@@ -64,7 +65,7 @@ class World:
         self.requested_backend = backend
         self.devices = devices
         self.timeout = float(timeout if timeout is not None
-                             else os.environ.get("COMMLAB_TIMEOUT", 300))
+                             else _config.get("COMMLAB_TIMEOUT"))
         self.n_wanted = n
         self.ranks: list[RankInfo] = []
         self.backend = "?"

@@ -15,6 +15,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from commlab import _config
 from commlab.errors import BackendUnavailableError, CommlabUsageError
 
 
@@ -107,7 +108,7 @@ def bootstrap(backend: str, timeout_s: float) -> World:
     if rank == 0:
         store.set("token", uuid.uuid4().hex[:12])
     token = store.get("token").decode()
-    if os.environ.get("COMMLAB_TORCH_BACKEND") == "commlab":  # torch.distributed on commlab
+    if _config.get("COMMLAB_TORCH_BACKEND") == "commlab":  # torch.distributed on commlab
         pg_backend = "commlab" if chosen == "cpu" else "cpu:gloo,cuda:commlab"
     kwargs = {"device_id": device} if chosen == "cuda" else {}
     dist.init_process_group(

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from commlab import _config
+from commlab._config import parse_size
 from commlab.errors import CommlabUsageError
 from commlab.runtime import _shm
 from commlab.runtime._bootstrap import World, bootstrap
@@ -27,18 +29,6 @@ _DEFAULTS = {  # backend -> (heap_size, scratch_size)
     "cpu": (64 << 20, 16 << 20),
     "cuda": (6 << 30, 4 << 30),
 }
-
-
-def parse_size(v) -> int:
-    """Bytes from an int or a string such as "256MiB", "4G", "64k"."""
-    if isinstance(v, int):
-        return v
-    s = str(v).strip().upper()
-    for suf, mul in (("GIB", 1 << 30), ("MIB", 1 << 20), ("KIB", 1 << 10), ("G", 1 << 30),
-                     ("M", 1 << 20), ("K", 1 << 10)):
-        if s.endswith(suf):
-            return int(float(s[: -len(suf)]) * mul)
-    return int(s)
 
 
 @dataclass
@@ -138,7 +128,7 @@ def init(backend: str = "auto", *, heap_size=None, scratch_size=None,
                 f"{_COMM.backend!r} communicator; call commlab.finalize() first to switch"
             )
         return _COMM
-    timeout = float(timeout if timeout is not None else os.environ.get("COMMLAB_TIMEOUT", 300))
+    timeout = float(timeout if timeout is not None else _config.get("COMMLAB_TIMEOUT"))
     world = bootstrap(backend, timeout)
     if world.backend == "cpu":
         from commlab._interpreter import triton_lib as _triton_lib
@@ -147,9 +137,9 @@ def init(backend: str = "auto", *, heap_size=None, scratch_size=None,
     if world.world_size > MAX_WORLD:
         raise CommlabUsageError(f"commlab supports up to {MAX_WORLD} ranks, got {world.world_size}")
     d_heap, d_scratch = _DEFAULTS[world.backend]
-    size = parse_size(heap_size or os.environ.get("COMMLAB_HEAP_SIZE", d_heap))
-    scratch = parse_size(scratch_size or os.environ.get("COMMLAB_SCRATCH_SIZE",
-                                                        min(d_scratch, size // 2)))
+    size = parse_size(heap_size or _config.get("COMMLAB_HEAP_SIZE") or d_heap)
+    scratch = parse_size(scratch_size or _config.get("COMMLAB_SCRATCH_SIZE")
+                         or min(d_scratch, size // 2))
     layout = HeapLayout(size=size, scratch_bytes=scratch)
     layout.check()
     keep: list = []

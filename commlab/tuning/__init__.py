@@ -21,11 +21,11 @@ communicator computes the fingerprint (topology discovery through NVML, once per
 
 from __future__ import annotations
 
-import os
 import time
 from bisect import bisect_left
 from pathlib import Path
 
+from commlab import _config
 from commlab.collectives import _select
 from commlab.runtime import get_communicator
 from commlab.tuning._fingerprint import fields as _fields
@@ -44,7 +44,7 @@ TUNABLE = {"all_reduce": ("one_shot", "two_shot", "ring"),
 
 
 def cache_dir() -> Path:
-    d = os.environ.get("COMMLAB_TUNING_DIR")
+    d = _config.get("COMMLAB_TUNING_DIR")
     return Path(d) if d else Path.home() / ".cache" / "commlab" / "tuning"
 
 
