@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The README's test command: install commlab with its test extras (torch pinned to the
-# CPU build) and run the unit tests, the notebooks (nbval) and the browser test.
+# CPU build), lint and type-check, and run the unit tests, the notebooks (nbval) and the
+# browser test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -12,4 +13,6 @@ python -m pip install -q --upgrade pip
 python -m pip install -q "torch==2.13.0"
 python -m pip install -q -e ".[test]"
 export COMMLAB_BACKEND=cpu OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1
+python -m ruff check .   # lint (pyproject.toml [tool.ruff])
+python -m mypy           # types (pyproject.toml [tool.mypy])
 python -m pytest -q -p no:cacheprovider --timeout=600 tests notebooks --nbval-lax --durations=15 "$@"
