@@ -126,7 +126,7 @@ def bench(comm, device_type: str, iters: int, reps: int, steps: int, width: int)
     if device_type == "cuda":
         local = int(os.environ.get("LOCAL_RANK", 0))
         torch.cuda.set_device(local)
-        dist.init_process_group("cpu:gloo,cuda:commlab", device_id=torch.device("cuda", local))
+        dist.init_process_group("cpu:gloo,cuda:commlab")  # no device_id: README here
         ref_name = "nccl"
         ref = dist.new_group(backend="nccl")
         device = torch.device("cuda", local)

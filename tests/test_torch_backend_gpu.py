@@ -24,7 +24,7 @@ def gpu_backend_world(comm, seed: int) -> list[str]:
     local = int(os.environ["LOCAL_RANK"])
     dev = torch.device("cuda", local)
     torch.cuda.set_device(dev)
-    dist.init_process_group("cpu:gloo,cuda:commlab", device_id=dev)
+    dist.init_process_group("cpu:gloo,cuda:commlab")  # no device_id (see the backend README)
     nccl = dist.new_group(backend="nccl")
     rank, W = dist.get_rank(), dist.get_world_size()
     g = torch.Generator(device=dev).manual_seed(seed + rank)
