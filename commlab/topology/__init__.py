@@ -2,7 +2,7 @@
 came from; saved as JSON so a topology recorded on a cluster can be explored anywhere.
 
     from commlab import topology
-    t = topology.discover()              # NVML, else `nvidia-smi topo -m`, else this host's CPUs
+    t = topology.discover()              # NVML, `nvidia-smi topo -m`, `rocm-smi`, else CPUs
     t.save("mybox.json"); topology.Topology.load("mybox.json")
     topology.sample("8xh100-nvswitch")   # documented teaching topologies (package data)
     print(topology.format_matrix(t))     # a `topo -m` style matrix
@@ -20,9 +20,9 @@ from commlab.topology.routes import ROUTES, Route, route
 
 
 def discover(*, sysfs_root: str = "/") -> Topology:
-    """This machine's topology: NVML when it works, else ``nvidia-smi topo -m``, else the
-    host's CPUs/NUMA nodes and NICs only (a machine without NVIDIA GPUs)."""
-    from commlab.topology import _nvml, _smi, _sysfs
+    """This machine's topology: NVML when it works, else ``nvidia-smi topo -m``, else
+    ``rocm-smi --showtopo`` (AMD GPUs), else the host's CPUs/NUMA nodes and NICs only."""
+    from commlab.topology import _nvml, _rocm_smi, _smi, _sysfs
 
     if _nvml.available():
         topo = _nvml.discover_nvml()
@@ -35,6 +35,15 @@ def discover(*, sysfs_root: str = "/") -> Topology:
     if text:
         topo = _smi.parse_topo_m(text)
         topo.meta["topo_m"] = text
+        return topo
+    try:
+        text = _rocm_smi.run_showtopo()
+    except Exception:  # no ROCm tools either
+        text = None
+    if text:
+        topo = _rocm_smi.parse_showtopo(text)
+        topo.meta["showtopo"] = text
+        _sysfs.add_host(topo, sysfs_root)
         return topo
     import platform
     import socket
