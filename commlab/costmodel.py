@@ -116,6 +116,7 @@ class Machine:
     gpus_per_node: int
     inter_gbps: float = 50.0  # network per GPU, GB/s (400 Gb/s InfiniBand = 50 GB/s)
     inter_alpha_us: float = 5.0  # per network step (assumed: IB hop + NCCL proxy)
+    mesh_link_gbps: float | None = None  # fully connected node: one link per GPU pair, GB/s
 
     @property
     def nodes(self) -> int:
@@ -123,6 +124,9 @@ class Machine:
 
 
 NVSWITCH_8 = Machine("8 GPUs, NVSwitch", 8, 8)
+# 8x MI300X: every pair on one xGMI link of 64 GB/s per direction (AMD's data sheet; the
+# topology sample commlab/topology/data/8xmi300x-xgmi.json)
+MI300X_8 = Machine("8x MI300X, xGMI mesh", 8, 8, mesh_link_gbps=64.0)
 
 
 def multi_node(nodes: int, gpus_per_node: int = 8, inter_gbps: float = 50.0,
@@ -139,7 +143,10 @@ def project_us(f: Fit, machine: Machine, nbytes: float, model: str | None = None
     model = model or f.model
     w = machine.gpus
     if machine.nodes <= 1:
-        return predict_us(model, f.alpha_us, f.beta_gbps, nbytes, w)
+        beta = f.beta_gbps  # a mesh: a ring uses one link, the rest stripe over W-1 (assumed)
+        if machine.mesh_link_gbps:
+            beta = machine.mesh_link_gbps * (1 if model == "ring" else w - 1)
+        return predict_us(model, f.alpha_us, beta, nbytes, w)
     if model in LOAD_STORE_ONLY:
         return None
     beta = min(f.beta_gbps, machine.inter_gbps)
@@ -173,5 +180,5 @@ def report(fits: dict[str, Fit]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["MODELS", "Fit", "Machine", "NVSWITCH_8", "fit", "fit_points", "implied_by_claim",
-           "model_of", "multi_node", "predict_us", "project_us", "report"]
+__all__ = ["MI300X_8", "MODELS", "Fit", "Machine", "NVSWITCH_8", "fit", "fit_points",
+           "implied_by_claim", "model_of", "multi_node", "predict_us", "project_us", "report"]

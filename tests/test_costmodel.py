@@ -69,3 +69,24 @@ def test_records_of_other_ops_and_unknown_impls_are_ignored():
     recs = _records("commlab:ring", "ring", 3.0, 200.0)
     recs += [dict(r, op="all_gather") for r in recs] + [dict(r, impl="mystery") for r in recs]
     assert list(cm.fit(recs, mode="graph")) == ["commlab:ring"]
+
+
+def test_mi300x_sample_is_a_mesh_of_xgmi_links_as_its_topology_sample_says():
+    from commlab import topology
+
+    t = topology.sample("8xmi300x-xgmi")
+    gpus = t.nodes_of("gpu")
+    links = [e for e in t.edges if e.kind == "xgmi"]
+    assert cm.MI300X_8.gpus == len(gpus) == 8
+    assert len(links) == 8 * 7 // 2  # every pair directly linked
+    assert {e.peak_gbps for e in links} == {cm.MI300X_8.mesh_link_gbps}
+
+
+def test_mesh_projection_gives_a_ring_one_link_and_all_pairs_algorithms_every_link():
+    m, n = cm.MI300X_8, 1 << 30
+    one = cm.Fit("commlab:one_shot", "one_shot", 5.0, 300.0, 0, 0, 10)
+    assert cm.project_us(one, m, n) == pytest.approx(5.0 + n * 7 / (7 * 64e3))
+    ring = cm.Fit("commlab:ring", "ring", 3.0, 300.0, 0, 0, 10)
+    assert cm.project_us(ring, m, n) == pytest.approx(3.0 * 14 + 2 * n * 7 / 8 / 64e3)
+    two = cm.Fit("commlab:two_shot", "two_shot", 4.0, 300.0, 0, 0, 10)
+    assert cm.project_us(two, m, n) < cm.project_us(ring, m, n)  # the mesh favours all-pairs

@@ -177,3 +177,58 @@ def test_nvml_discovery_finds_gpu_pairs_and_their_links():
     assert e is not None and e.source.startswith("nvml")
     if e.kind == "nvlink":
         assert e.peak_gbps > 0 and e.p2p.get("nvlink") == "ok"
+
+
+def _showtopo_sample() -> str:
+    from importlib import resources
+
+    return resources.files("commlab.topology").joinpath("data", "8xmi300x-showtopo.txt").read_text()
+
+
+def test_showtopo_parser_reads_an_8x_mi300x_node_as_xgmi_links_with_numa_nodes():
+    from commlab.topology import _rocm_smi
+
+    t = _rocm_smi.parse_showtopo(_showtopo_sample())
+    assert [n.id for n in t.nodes] == [f"gpu{i}" for i in range(8)]
+    assert len(t.edges) == 28 and all(e.kind == "xgmi" for e in t.edges)
+    e = t.edge("gpu2", "gpu6")
+    assert (e.path, e.peak_gbps, e.attrs) == ("XGMI", 64.0, {"weight": 15, "hops": 1,
+                                                          "link_count": 1, "direct": True})
+    assert [t.node(f"gpu{i}").attrs["numa_node"] for i in range(8)] == [0] * 4 + [1] * 4
+    assert t.path_class("gpu0", "gpu7") == "XGMI"
+    assert "XGMI" in T.format_matrix(t)
+
+
+def test_showtopo_parser_reads_pcie_pairs_by_their_hops():
+    from commlab.topology import _rocm_smi
+
+    text = (
+        "=================== Weight between two GPUs ===================\n"
+        "       GPU0         GPU1         GPU2\n"
+        "GPU0   0            15           52\n"
+        "GPU1   15           0            40\n"
+        "GPU2   52           40           0\n"
+        "=================== Hops between two GPUs ===================\n"
+        "       GPU0         GPU1         GPU2\n"
+        "GPU0   0            1            3\n"
+        "GPU1   1            0            2\n"
+        "GPU2   3            2            0\n"
+        "=================== Link Type between two GPUs ===================\n"
+        "       GPU0         GPU1         GPU2\n"
+        "GPU0   0            XGMI         PCIE\n"
+        "GPU1   XGMI         0            PCIE\n"
+        "GPU2   PCIE         PCIE         0\n"
+        "GPU 0          : (Topology) Numa Node: 0\n")
+    t = _rocm_smi.parse_showtopo(text, xgmi_gbps=50.0)
+    assert (t.edge("gpu0", "gpu1").kind, t.edge("gpu0", "gpu1").peak_gbps) == ("xgmi", 50.0)
+    assert t.path_class("gpu0", "gpu2") == "SYS" and t.path_class("gpu1", "gpu2") == "PHB"
+
+
+def test_showtopo_parser_rejects_other_text_and_says_what_to_pass():
+    from commlab.topology import _rocm_smi
+
+    with pytest.raises(ValueError, match="no 'Link Type between two GPUs' block"):
+        _rocm_smi.parse_showtopo(TOPO_2GPU_NV18)
+    with pytest.raises(ValueError, match="row GPU1 .* has 1 cells for 2 GPUs"):
+        _rocm_smi.parse_showtopo("=== Link Type between two GPUs ===\n  GPU0  GPU1\n"
+                                 "GPU0 0 XGMI\nGPU1 XGMI\n")

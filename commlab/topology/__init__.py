@@ -2,7 +2,7 @@
 came from; saved as JSON so a topology recorded on a cluster can be explored anywhere.
 
     from commlab import topology
-    t = topology.discover()              # NVML, else `nvidia-smi topo -m`, else this host's CPUs
+    t = topology.discover()              # NVML, `nvidia-smi topo -m`, `rocm-smi`, else CPUs
     t.save("mybox.json"); topology.Topology.load("mybox.json")
     topology.sample("8xh100-nvswitch")   # documented teaching topologies (package data)
     print(topology.format_matrix(t))     # a `topo -m` style matrix

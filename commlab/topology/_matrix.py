@@ -6,6 +6,7 @@ from __future__ import annotations
 LEGEND = {
     "X": "self",
     "NV#": "a bonded set of # NVLinks",
+    "XGMI": "AMD xGMI (Infinity Fabric) links",
     "PIX": "at most one PCIe bridge",
     "PXB": "several PCIe bridges, no host bridge",
     "PHB": "a PCIe host bridge (typically the CPU)",

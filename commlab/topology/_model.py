@@ -13,7 +13,7 @@ from pathlib import Path
 
 SCHEMA = "commlab.topology/1"
 NODE_KINDS = ("gpu", "cpu", "nvswitch", "nic", "rank")
-EDGE_KINDS = ("nvlink", "pcie", "shm", "smp", "net")
+EDGE_KINDS = ("nvlink", "xgmi", "pcie", "shm", "smp", "net")
 # nvidia-smi topo -m path classes, nearest first (X = self, NV# = bonded NVLinks)
 PCIE_CLASSES = ("X", "PIX", "PXB", "PHB", "NODE", "SYS")
 
@@ -50,7 +50,7 @@ class Node:
 class Edge:
     a: str
     b: str
-    kind: str  # "nvlink" | "pcie" | "shm" | "net"
+    kind: str  # "nvlink" | "xgmi" | "pcie" | "shm" | "net"
     path: str = ""  # topo -m class: "NV18", "PIX", "SYS", "SHM" ...
     links: list[Link] = field(default_factory=list)
     p2p: dict = field(default_factory=dict)  # capability -> "ok" | reason
@@ -92,9 +92,9 @@ class Topology:
         return [n for n in self.nodes if n.kind == kind]
 
     def edge(self, a: str, b: str) -> Edge | None:
-        """The most direct edge between ``a`` and ``b`` (NVLink before PCIe), or None."""
+        """The most direct edge between ``a`` and ``b`` (NVLink/xGMI before PCIe), or None."""
         found = [e for e in self.edges if {e.a, e.b} == {a, b}]
-        order = {k: i for i, k in enumerate(("nvlink", "shm", "pcie", "net"))}
+        order = {k: i for i, k in enumerate(("nvlink", "xgmi", "shm", "pcie", "net"))}
         found.sort(key=lambda e: order.get(e.kind, 9))
         return found[0] if found else None
 

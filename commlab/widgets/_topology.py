@@ -14,8 +14,8 @@ from commlab.topology.routes import rank_nodes
 
 KIND_COLOR = {"gpu": "#76b900", "rank": "#4c78a8", "cpu": "#9d755d", "nvswitch": "#e45756",
               "nic": "#72b7b2"}
-EDGE_COLOR = {"nvlink": "#76b900", "pcie": "#9d755d", "shm": "#4c78a8", "smp": "#bab0ac",
-              "net": "#72b7b2"}
+EDGE_COLOR = {"nvlink": "#76b900", "xgmi": "#ed1c24", "pcie": "#9d755d", "shm": "#4c78a8",
+              "smp": "#bab0ac", "net": "#72b7b2"}
 CLASS_COLOR = {"X": "#eeeeee", "PIX": "#fdd49e", "PXB": "#fdbb84", "PHB": "#fc8d59",
                "NODE": "#ef6548", "SYS": "#d7301f", "SHM": "#9ecae1", "NET": "#c6dbef"}
 HIGHLIGHT = "#ff7f0e"
