@@ -44,9 +44,7 @@ def _show_trace(spans: list[dict]) -> None:
     except ImportError:
         print(_trace_summary(spans))
         return
-    from IPython.display import display
-
-    display(show_timeline(spans))
+    show_timeline(spans)  # displays itself
 
 
 def _trace_summary(spans: list[dict]) -> str:
@@ -142,8 +140,9 @@ class DistMagics(Magics):
                                       grace=args.grace, trace=args.trace)
         except (DistributedError, HangError) as e:
             failed = e if isinstance(e, DistributedError) else e.failures
-            if failed is not None:  # rank tracebacks name this notebook's cell
-                failed.cell_number = self.shell.execution_count
+            if failed is not None:  # rank tracebacks name this notebook's cell: IPython
+                # counts the running cell before it runs, so it is one less than the count
+                failed.cell_number = max(1, self.shell.execution_count - 1)
             raise
         if args.trace:
             _show_trace(spans)
