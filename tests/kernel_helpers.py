@@ -25,8 +25,8 @@ def kernel():
 
 
 def run(kc, code: str, timeout: float = 240) -> dict:
-    """Run ``code``; return {"text": stream + text/plain output (widgets left out), "error": (ename, tb lines)
-    or None} of this cell, including output that arrives up to the kernel going idle."""
+    """Run ``code``; return {"text": stream + text/plain output (widgets left out),
+    "error": (ename, tb lines) or None} of this cell, up to the kernel going idle."""
     msg_id = kc.execute(code)
     texts, error = [], None
     while True:
