@@ -28,7 +28,7 @@ def run(kc, code: str, timeout: float = 240) -> dict:
     """Run ``code``; return {"text": stream + text/plain output (widgets left out),
     "error": (ename, tb lines) or None} of this cell, up to the kernel going idle."""
     msg_id = kc.execute(code)
-    texts, error = [], None
+    texts, error, where = [], None, {}  # where: display_id -> index in texts
     while True:
         try:
             msg = kc.get_iopub_msg(timeout=timeout)
@@ -41,7 +41,14 @@ def run(kc, code: str, timeout: float = 240) -> dict:
             texts.append(content["text"])
         elif kind in ("execute_result", "display_data"):
             if WIDGET not in content["data"]:  # a progress bar: a widget, not a line of text
+                did = content.get("transient", {}).get("display_id")
+                if did:
+                    where[did] = len(texts)
                 texts.append(content["data"].get("text/plain", "") + "\n")
+        elif kind == "update_display_data":  # what the notebook shows is the last update
+            did = content.get("transient", {}).get("display_id")
+            if did in where:
+                texts[where[did]] = content["data"].get("text/plain", "") + "\n"
         elif kind == "error":
             error = (content["ename"], content["traceback"])
         elif kind == "status" and content["execution_state"] == "idle":

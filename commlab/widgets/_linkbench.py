@@ -50,15 +50,19 @@ class LinkBenchView:
         self.heatmap.add_heatmap(z=[[0]], colorscale="Viridis", colorbar={"title": "GB/s"},
                                  texttemplate="%{text}", hovertemplate="rank %{y} reads rank "
                                  "%{x}: %{text}<extra></extra>")
-        self.heatmap.update_layout(height=360, width=460, margin={"t": 40, "l": 60, "r": 10,
+        self.heatmap.update_layout(height=400, width=400, margin={"t": 40, "l": 60, "r": 10,
                                    "b": 40}, yaxis={"autorange": "reversed", "title": "reader"},
                                    xaxis={"title": "source"})
         self.curve = go.FigureWidget()
         self.curve._config = dict(FIG_CONFIG)
-        self.curve.update_layout(height=360, width=560, margin={"t": 40, "l": 60, "r": 10,
+        self.curve.update_layout(height=400, width=500, margin={"t": 40, "l": 60, "r": 10,
                                  "b": 40}, xaxis=byte_axis(result.sizes, "message size"),
                                  yaxis={"title": "bandwidth (GB/s)", "type": "log"})
         style_figure(self.curve, legend_title="reader←source")
+        # below the plot: beside it, long peak names would squash a 500 px figure
+        self.curve.update_layout(legend={"orientation": "h", "x": 0, "xanchor": "left",
+                                         "y": -0.45, "yanchor": "top"}, height=460,
+                                 margin={"b": 150})
         style_figure(self.heatmap)
         peak_src = html.escape(result.peak_source)
         self.note = W.HTML(f"<small>{html.escape(result.device)} · {result.backend} · "
@@ -90,8 +94,10 @@ class LinkBenchView:
                 self.curve.add_scatter(x=c["x"], y=c["y"], name=c["name"], mode="lines+markers",
                                        line={"dash": "dot" if c["local"] else "solid"})
             peaks = {p for row in res.peak for p in row if p}
-            whose = res.peak_source.split(";")[0].split("(")[0].strip() or "link"
             for p in sorted(peaks)[:3]:
+                readers = [i for i, row in enumerate(res.peak) if p in row]
+                whose = (f"reader {readers[0]}" if len(readers) == 1 else
+                         f"readers {', '.join(map(str, readers))}")
                 self.curve.add_scatter(x=[res.sizes[0], res.sizes[-1]], y=[p, p], mode="lines",
                                        name=f"peak {p:,.1f} GB/s ({whose})",
                                        hovertemplate=f"peak: {html.escape(res.peak_source)}"

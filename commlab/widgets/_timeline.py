@@ -147,7 +147,7 @@ class TimelineView:
         # blank in JupyterLab (plotly 7 FigureWidget, seen in the browser test).
         self.figure._config = dict(FIG_CONFIG, scrollZoom=True)
         self.figure.update_layout(
-            title={"text": title, "x": 0, "xanchor": "left"}, barmode="overlay",
+            title={"text": title, "x": 0.01, "xanchor": "left"}, barmode="overlay",
             dragmode="pan", height=300, margin={"l": 140, "r": 120, "t": 40, "b": 40},
             xaxis={"title": "µs", "rangeslider": {"visible": True, "thickness": 0.06}},
             yaxis={"autorange": "reversed", "type": "category"})
