@@ -99,6 +99,8 @@ class CellRun:
                     sys.stdout.write(f"[rank {rank}] {line}\n")
                 sys.stdout.flush()
             elif kind == "prompt":
+                # the other ranks' output so far first: they are running, not stuck
+                self.out.pump(self.running(), final=True)
                 relay.answer(rank, ask(f"[rank {rank}] {payload}"))
             elif kind == "end" and payload:
                 self.quit_rank = rank
