@@ -14,8 +14,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from commlab.errors import CommlabUsageError
-
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20,
           "MB": 1 << 20, "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
 
@@ -81,6 +79,9 @@ VARS: dict[str, Var] = {v.name: v for v in (
     Var("COMMLAB_TORCH_BACKEND", None, str,
         "`commlab`: `commlab.init()` starts torch.distributed on the commlab backend (how a "
         "`%dist_start` world gets it)", "commlab.runtime"),
+    Var("COMMLAB_FULL_TRACEBACKS", "0", _flag,
+        "`1`: notebooks show commlab's errors with every frame (default: the user's frames "
+        "and the message; `err.full_traceback` keeps the rest)", "commlab.errors"),
     Var("COMMLAB_COMMIT", None, str,
         "commit recorded in benchmark results where the checkout has no `.git`",
         "commlab.bench"),
@@ -100,14 +101,15 @@ def raw(name: str) -> str | None:
 
 
 def get(name: str) -> Any:
-    """The variable parsed (None when unset without a default); bad text is a usage error."""
+    """The variable parsed (None when unset without a default); bad text raises ValueError
+    naming the variable (plain ValueError: commlab.errors imports this module)."""
     text = raw(name)
     if text is None:
         return None
     try:
         return VARS[name].parse(text)
     except ValueError as e:
-        raise CommlabUsageError(f"{name}={text!r} cannot be read: {e}; {VARS[name].doc}") from None
+        raise ValueError(f"{name}={text!r} cannot be read: {e}; {VARS[name].doc}") from None
 
 
 def table() -> str:

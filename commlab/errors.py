@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+
+from commlab import _config
+
 
 class CommlabError(RuntimeError):
     """Base class for commlab's own errors."""
@@ -25,3 +29,76 @@ class CollectiveTimeoutError(CommlabError, TimeoutError):
 
 class BackendUnavailableError(CommlabError):
     """The requested backend cannot run here (e.g. ``cuda`` without a GPU on some rank)."""
+
+
+# -- short tracebacks in notebooks ---------------------------------------------------------
+# A commlab error raised deep inside commlab reads best as the user's own frames plus the
+# message: %load_ext commlab shows that (``notebook_traceback``), ranks' tracebacks too
+# (``commlab.engine``). The whole traceback stays one step away: ``err.full_traceback``, or
+# every traceback in full with ``commlab.errors.FULL_TRACEBACKS = True`` (or the environment
+# variable COMMLAB_FULL_TRACEBACKS=1 before the kernel starts).
+FULL_TRACEBACKS = bool(_config.get("COMMLAB_FULL_TRACEBACKS"))
+HINT = ("({n} commlab frame{s} hidden: err.full_traceback has them, "
+        "commlab.errors.FULL_TRACEBACKS = True shows every traceback in full)")
+_OWN_DIRS = tuple(os.path.dirname(os.path.abspath(p)) + os.sep for p in (
+    __file__, os.path.join(os.path.dirname(__file__), "..", "magics", "__init__.py")))
+
+
+def is_internal(path: str) -> bool:
+    """Whether a traceback frame's file is commlab's own code (or ipyparallel's plumbing)."""
+    path = os.path.abspath(path) if path and not path.startswith("<") else path
+    return (path.startswith(_OWN_DIRS) or f"site-packages{os.sep}commlab{os.sep}" in path
+            or f"site-packages{os.sep}ipyparallel{os.sep}" in path)
+
+
+def notebook_traceback(shell, etype, value, tb, tb_offset=None) -> list[str]:
+    """IPython's traceback of ``value`` without commlab's frames (for ``set_custom_exc``);
+    sets ``value.full_traceback`` to the whole one."""
+    import traceback
+
+    if tb_offset is None:
+        tb_offset = 1  # the first frame is IPython's run_code
+    full = shell.InteractiveTB.structured_traceback(etype, value, tb, tb_offset=tb_offset)
+    try:
+        value.full_traceback = "".join(traceback.format_exception(etype, value, tb))
+    except Exception:  # an exception that refuses attributes still shows
+        pass
+    render = getattr(value, "_render_traceback_", None)
+    if FULL_TRACEBACKS:
+        return full
+    if render is not None:
+        return render()
+    frames = traceback.extract_tb(tb)
+    if tb_offset:
+        frames = frames[tb_offset:]
+    hidden = sum(is_internal(f.filename) for f in frames)
+    shown = [f for f in frames if not (is_internal(f.filename) or _is_ipython(f.filename))]
+    if not hidden:
+        return full
+    lines = [f"\x1b[31m{etype.__name__}\x1b[0m  Traceback (most recent call last)"]
+    for f in shown:
+        where = shell.compile.format_code_name(f.filename)
+        name = f"{where[0]} {where[1]}" if where else f"File {f.filename}"
+        lines.append(f"{name}, line {f.lineno}" + (f", in {f.name}" if f.name != "<module>"
+                                                    else ""))
+        if f.line:
+            lines.append(f"----> {f.lineno} {f.line.strip()}")
+    lines.append(f"\x1b[31m{etype.__name__}\x1b[0m: {value}")
+    lines.append(HINT.format(n=hidden, s="" if hidden == 1 else "s"))
+    return ["\n".join(lines)]
+
+
+def _is_ipython(path: str) -> bool:
+    return f"{os.sep}IPython{os.sep}" in path or path.startswith("<decorator-gen")
+
+
+def install_notebook_tracebacks(shell) -> None:
+    """Show commlab's errors in ``shell`` with the user's frames only (``%load_ext``)."""
+
+    def handler(self, etype, value, tb, tb_offset=None):
+        stb = notebook_traceback(self, etype, value, tb, tb_offset)
+        self._get_exc_info((etype, value, tb))  # sys.last_*: %debug and %tb still work
+        self._showtraceback(etype, value, stb)
+        return stb
+
+    shell.set_custom_exc((CommlabError,), handler)

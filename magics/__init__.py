@@ -13,12 +13,30 @@ from __future__ import annotations
 
 
 def load_ipython_extension(ipython) -> None:
+    from commlab.errors import install_notebook_tracebacks
+
     from . import bench, observe
     from .dist import DistMagics
 
     ipython.register_magics(DistMagics)
     observe.register(ipython)  # %topology, %linkbench
     bench.register(ipython)  # %commbench
+    install_notebook_tracebacks(ipython)  # commlab's errors: the user's frames + the message
+    _warm_up_plotly()
+
+
+def _warm_up_plotly() -> None:
+    """Import plotly's widget in the background: the first figure of a kernel otherwise
+    waits ~8 s for that import (the import lock makes a later import wait for this one)."""
+    import threading
+
+    def load() -> None:
+        try:
+            import plotly.graph_objects  # noqa: F401
+        except Exception:  # no plotly: the widgets say so when used
+            pass
+
+    threading.Thread(target=load, daemon=True, name="commlab-plotly-import").start()
 
 
 def unload_ipython_extension(ipython) -> None:

@@ -14,6 +14,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from commlab.errors import CommlabUsageError
 
 from ._args import GRACE, RANK, RANKS, TIMEOUT, rank_list
+from ._progress import Progress
 
 
 def _usage(fn):
@@ -43,9 +44,7 @@ def _show_trace(spans: list[dict]) -> None:
     except ImportError:
         print(_trace_summary(spans))
         return
-    from IPython.display import display
-
-    display(show_timeline(spans))
+    show_timeline(spans)  # displays itself
 
 
 def _trace_summary(spans: list[dict]) -> str:
@@ -80,7 +79,8 @@ class DistMagics(Magics):
     def dist_start(self, line):
         """Start a world of N ranks: fresh processes (ipyparallel engines), each with
         ``commlab.init()`` done and ``commlab, torch, triton, tl, cl, comm, rank,
-        world_size`` defined. A running world is stopped first.
+        world_size`` defined. A running world is stopped first (its variables are gone;
+        the line printed says so). A progress bar shows after 2 s.
 
         Example::
 
@@ -99,8 +99,10 @@ class DistMagics(Magics):
 
         args = parse_argstring(self.dist_start, line)
         t0 = time.monotonic()
-        print(f"starting {args.n} ranks ...", flush=True)
-        _started(start_world(n=args.n, backend=args.backend, devices=args.devices), t0)
+        with Progress(f"starting {args.n} ranks", total=args.n + 2) as p:
+            w = start_world(n=args.n, backend=args.backend, devices=args.devices,
+                            progress=p.step)
+        _started(w, t0)
 
     @magic_arguments()
     @RANKS
@@ -130,9 +132,18 @@ class DistMagics(Magics):
             ...
             rank 0 interrupted; the world recovered (comm.recover() on every rank) ...
         """
+        from commlab.engine import DistributedError, HangError
+
         args = parse_argstring(self.distributed, line)
-        spans = _world().run_cell(cell, ranks=args.ranks, timeout=args.timeout,
-                                  grace=args.grace, trace=args.trace)
+        try:
+            spans = _world().run_cell(cell, ranks=args.ranks, timeout=args.timeout,
+                                      grace=args.grace, trace=args.trace)
+        except (DistributedError, HangError) as e:
+            failed = e if isinstance(e, DistributedError) else e.failures
+            if failed is not None:  # rank tracebacks name this notebook's cell: IPython
+                # counts the running cell before it runs, so it is one less than the count
+                failed.cell_number = max(1, self.shell.execution_count - 1)
+            raise
         if args.trace:
             _show_trace(spans)
 
@@ -179,8 +190,9 @@ class DistMagics(Magics):
         from commlab.engine import restart_world
 
         t0 = time.monotonic()
-        print("restarting the world ...", flush=True)
-        _started(restart_world(), t0)
+        with Progress("restarting the world") as p:
+            w = restart_world(progress=p.step)
+        _started(w, t0)
 
     @magic_arguments()
     @argument("n", type=int, metavar="N", help="the new number of ranks")
@@ -203,7 +215,8 @@ class DistMagics(Magics):
         args = parse_argstring(self.dist_resize, line)
         w = _world()
         old, t0 = w.size, time.monotonic()
-        w.resize(args.n)
+        with Progress(f"resizing to {args.n} ranks"):
+            w.resize(args.n)
         print(f"world resized from {old} to {w.size} ranks in {time.monotonic() - t0:.1f} s")
 
     @magic_arguments()
@@ -248,5 +261,8 @@ class DistMagics(Magics):
 
 
 def _started(w, t0: float) -> None:
+    """One line: the new world, and what happened to the one it replaced."""
+    old = (f"; the previous world of {w.replaced} ranks was stopped (its variables are "
+           f"gone)" if w.replaced else "")
     print(f"world of {w.size} ranks started (backend {w.backend}) in "
-          f"{time.monotonic() - t0:.1f} s")
+          f"{time.monotonic() - t0:.1f} s{old}")

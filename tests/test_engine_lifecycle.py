@@ -106,3 +106,38 @@ def test_restart_before_any_start_says_how_to_start():
                          timeout=120)
     assert "CommlabUsageError no world was started here: run %dist_start -n N first" in \
         out.stdout, out.stderr[-2000:]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_lifecycle_magics_print_one_line_each_in_a_real_kernel():
+    # a kernel runs an event loop: ipyparallel's engine logs ("Output for 1:", "engine set
+    # stopped ... SIGKILL", a removed engine's traceback) would reach the notebook there
+    from tests.kernel_helpers import kernel, lines, run
+
+    with kernel() as kc:
+        assert run(kc, "%load_ext commlab")["error"] is None
+        first = run(kc, "%dist_start -n 3 --backend cpu")
+        assert lines(first["text"]) == [lines(first["text"])[-1]], first
+        assert run(kc, "%%distributed\nx = rank")["error"] is None
+        hang = run(kc, "%%distributed --timeout 2\nif rank == 0:\n    commlab.barrier()\n")
+        assert hang["error"] is not None and hang["error"][0] == "HangError"
+        again = run(kc, "%dist_start -n 3 --backend cpu")
+        assert len(lines(again["text"])) == 1, again["text"]
+        assert "previous world of 3 ranks was stopped" in again["text"]
+        assert run(kc, "%%distributed\nx = rank")["error"] is None
+        shrink = run(kc, "%dist_resize 2")
+        assert len(lines(shrink["text"])) == 1, shrink["text"]
+        assert "resized from 3 to 2" in shrink["text"]
+        hang = run(kc, "%%distributed --timeout 2\nif rank == 0:\n    commlab.barrier()\n")
+        assert hang["error"] is not None
+        run(kc, "from commlab.engine import current_world\n"
+                "els = [el for es in current_world().cluster.engines.values()\n"
+                "       for el in es.launchers.values()]")
+        stop = run(kc, "import time\n%dist_stop\ntime.sleep(2)")  # late log lines, if any
+        assert lines(stop["text"]) == ["world of 2 ranks stopped"], stop["text"]
+        after = run(kc, "print('next')")
+        assert lines(after["text"]) == ["next"], after["text"]
+        # the ranks of the last world ended by the shutdown request, not by a signal
+        codes = run(kc, "print(sorted(el.process.exit_code for el in els[-2:]))")
+        assert lines(codes["text"]) == ["[0, 0]"], codes["text"]

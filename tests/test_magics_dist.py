@@ -280,3 +280,55 @@ def test_trace_summary_without_the_widget_counts_spans_per_rank_and_name():
     assert "rank 0: all_reduce [comm] x1 5 us" in text
     assert "rank 1: all_reduce [comm] x2 10 us" in text
     assert "no spans recorded" in _trace_summary([])
+
+
+def _shown(ip, source: str) -> list[str]:
+    """The lines a notebook cell shows (its traceback included), ANSI colours removed."""
+    from IPython.utils.capture import capture_output
+
+    from commlab.engine._report import strip_ansi
+
+    with capture_output() as cap:
+        ip.run_cell(source, store_history=True)
+    return [ln for ln in strip_ansi(cap.stdout + cap.stderr).splitlines() if ln.strip()]
+
+
+def test_shape_mismatch_on_ranks_shows_the_cell_line_and_the_message_in_a_few_lines(ip):
+    n = ip.execution_count
+    shown = _shown(ip, "%%distributed\nx = torch.ones(4 + rank)\ny = commlab.all_gather(x)\n")
+    text = "\n".join(shown)
+    assert len(shown) <= 8, text
+    assert "RankMismatchError on ranks 0, 1 (of 2)" in text
+    assert f"Cell In[{n}], line 2" in text  # the notebook's cell, not the engine's counter
+    assert "----> 2 y = commlab.all_gather(x)" in text, text
+    assert "_common.py" not in text and "_control.py" not in text, text
+    assert "commlab frame" in text  # says that frames were hidden, and where they are
+    assert "_control.py" in __import__("sys").last_value.full_traceback
+    assert_world_works(ip)
+
+
+def test_shape_mismatch_in_a_local_call_shows_the_users_frame_and_the_message(ip):
+    import sys
+
+    import commlab
+    import commlab.errors
+
+    ip.run_cell("import commlab, torch\n_local = commlab.init(backend='cpu')")
+    try:
+        shown = _shown(ip, "a = torch.ones(3, 4).bfloat16()\n"
+                           "out = commlab.ag_gemm(a, torch.ones(5, 6).bfloat16())\n")
+        text = "\n".join(shown)
+        assert len(shown) <= 8, text
+        assert "RankMismatchError" in text and "line 2" in text, text
+        assert "out = commlab.ag_gemm(a, torch.ones(5, 6).bfloat16())" in text
+        assert "/commlab/" not in text, text
+        assert "runtime/_control.py" in sys.last_value.full_traceback
+        commlab.errors.FULL_TRACEBACKS = True
+        try:
+            full = "\n".join(_shown(ip, "commlab.ag_gemm(torch.ones(3, 4).bfloat16(), "
+                                        "torch.ones(5, 6).bfloat16())"))
+        finally:
+            commlab.errors.FULL_TRACEBACKS = False
+        assert "_control.py" in full, full
+    finally:
+        commlab.finalize()

@@ -38,7 +38,7 @@ def test_ratio_warning_appears_above_the_threshold_only():
     m = trace.overlap_metrics(spans)
     assert trace.ratio_warnings(m, 5.0) == []
     (w,) = trace.ratio_warnings(m, 2.0)
-    assert "rank 0" in w and "3.00x" in w and "30.0 us" in w
+    assert "rank 0" in w and "3.0x compute" in w and "30 µs exposed" in w
     only_comm = trace.overlap_metrics([S("ar", "comm", 2, 0, 5)])
     assert only_comm[2].overlap_ratio == 0 and only_comm[2].comm_compute_ratio is None
     assert "no compute spans" in trace.ratio_warnings(only_comm, 1.0)[0]

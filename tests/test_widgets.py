@@ -163,3 +163,44 @@ def test_linkbench_magic_shows_a_saved_result(ip, tmp_path):
     path = _result(2).save(tmp_path / "lb.json")
     v = ip.run_line_magic("linkbench", f"--load {path}")
     assert isinstance(v, LinkBenchView) and v.result.world_size == 2
+
+
+def test_warning_threshold_is_per_backend_and_the_box_is_one_line():
+    from commlab.widgets import TimelineModel
+    from commlab.widgets._timeline import THRESHOLD
+
+    spans = [dict(name="mm", kind="compute", rank=0, start_us=0, end_us=1000, lane="program 0"),
+             dict(name="ar", kind="comm", rank=0, start_us=0, end_us=50_000, lane="program 1")]
+    cpu = TimelineModel(spans)  # "program N" lanes: the CPU interpreter, ratio 50 is normal
+    assert cpu.threshold == THRESHOLD["cpu"] and cpu.warnings_html() == ""
+    gpu = TimelineModel(spans, backend="cuda")
+    box = gpu.warnings_html()
+    assert gpu.threshold == 1.0 and "<ul>" not in box and "<li>" not in box
+    assert "50.0 ms" in box and "50.0x" in box and "var(--jp-warn-color3" in box
+
+
+def test_show_timeline_displays_once_even_inside_a_block():
+    from IPython.core.interactiveshell import InteractiveShell
+    from IPython.utils.capture import capture_output
+
+    ip = InteractiveShell.instance()
+    ip.user_ns["_spans"] = [dict(name="ar", kind="comm", rank=0, start_us=0, end_us=5)]
+    with capture_output() as cap:
+        ip.run_cell("from commlab.widgets import show_timeline\n"
+                    "if True:\n    show_timeline(_spans)\n", store_history=True)
+    assert len(cap.outputs) == 1  # displayed from inside the if-block
+    with capture_output() as cap:
+        ip.run_cell("show_timeline(_spans)", store_history=True)
+    assert len(cap.outputs) == 1  # the last expression's value is not shown a second time
+
+
+def test_figures_share_colours_per_implementation_and_label_bytes_in_binary_units():
+    from commlab.widgets import byte_axis, impl_colors
+
+    a = impl_colors(["nccl", "commlab:two_shot"])
+    b = impl_colors(["commlab:two_shot", "nccl", "torch_symm_mem:one_shot", "x", "y"])
+    assert a["nccl"] == b["nccl"] and a["commlab:two_shot"] == b["commlab:two_shot"]
+    many = impl_colors([f"impl{i}" for i in range(12)])
+    assert len(set(many.values())) == 12  # no colour repeats after 10 traces
+    ax = byte_axis([4096, 65536])
+    assert ax["ticktext"][0] == "4 KiB" and ax["ticktext"][-1] == "64 KiB"

@@ -3,24 +3,26 @@
 from __future__ import annotations
 
 from commlab.bench._records import Record, fmt_bytes
+from commlab.widgets import byte_axis, impl_colors, style_figure
 
 _DASH = {"eager": "solid", "graph": "dot"}
+ROW_PX = 340  # per op: room for two readable panels whatever the number of traces
 
 
 def figure(records, *, peak_gbps: float | None = None, title: str = ""):
     """One row per op: latency (µs, log-log) left, busbw (GB/s) right; one line per
-    (impl, mode). ``peak_gbps`` draws the link's line rate on the busbw panels."""
+    (impl, mode), one colour per impl (the same in every commlab figure), the legend
+    beside the plots. ``peak_gbps`` draws the link's line rate on the busbw panels."""
     from plotly.subplots import make_subplots
 
     recs = [r if isinstance(r, Record) else Record(**r) for r in records]
     ops = sorted({r.op for r in recs})
     fig = make_subplots(rows=max(1, len(ops)), cols=2, shared_xaxes=True,
+                        vertical_spacing=0.12 if len(ops) > 1 else 0.08,
                         subplot_titles=[t for op in ops for t in
-                                        (f"{op}: latency", f"{op}: busbw")])
+                                        (f"{op}: latency", f"{op}: bus bandwidth")])
     impls = sorted({r.impl for r in recs})
-    palette = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b",
-               "#e377c2", "#17becf", "#7f7f7f", "#bcbd22"]
-    color = {impl: palette[i % len(palette)] for i, impl in enumerate(impls)}
+    color = impl_colors(impls)
     for row, op in enumerate(ops, start=1):
         for impl in impls:
             for mode in ("eager", "graph"):
@@ -42,9 +44,11 @@ def figure(records, *, peak_gbps: float | None = None, title: str = ""):
         if peak_gbps:
             fig.add_hline(y=peak_gbps, line_dash="dash", line_color="gray", row=row, col=2,
                           annotation_text=f"link peak {peak_gbps:g} GB/s")
-        fig.update_yaxes(type="log", title_text="µs", row=row, col=1)
-        fig.update_yaxes(title_text="GB/s", row=row, col=2)
-    fig.update_xaxes(type="log", title_text="bytes")
-    fig.update_layout(height=320 * max(1, len(ops)), title=title or "commlab benchmark",
-                      legend={"orientation": "h", "y": -0.08})
+        fig.update_yaxes(type="log", title_text="latency (µs)", row=row, col=1)
+        fig.update_yaxes(title_text="busbw (GB/s)", row=row, col=2)
+    fig.update_xaxes(**byte_axis([r.bytes for r in recs], title="message size"))
+    fig.update_layout(height=ROW_PX * max(1, len(ops)) + 60,
+                      title={"text": title or "commlab benchmark", "x": 0, "xanchor": "left"},
+                      margin={"t": 70, "r": 20})
+    style_figure(fig, legend_title="implementation (mode)")
     return fig

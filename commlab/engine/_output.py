@@ -1,10 +1,11 @@
 """Live output of a cell, labelled by rank; identical lines from several ranks printed once.
 
 Each rank's stdout/stderr arrives as growing text. Complete lines wait in a per-rank
-queue; when every running rank has a line ready (or the oldest has waited ``hold``
-seconds, or the cell ended) the heads are taken together and identical ones are printed
-once: ``[ranks 0-3] loss=0.25``. Progress bars (``\\r`` updates, e.g. tqdm) show each
-rank's latest state at most once a second, and their final state when the line ends.
+queue; when every rank has a line ready (or every running rank has and the oldest line
+has waited ``SETTLE_S``, or it has waited ``hold`` seconds, or the cell ended) the heads
+are taken together and identical ones are printed once: ``[ranks 0-3] loss=0.25``.
+Progress bars (``\\r`` updates, e.g. tqdm) show each rank's latest state at most once
+a second, and their final state when the line ends.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import time
 from collections import deque
 
 from commlab.engine._report import ranks_str
+
+SETTLE_S = 0.3  # the window in which identical lines of different ranks are grouped
 
 
 class _Stream:
@@ -47,8 +50,13 @@ class _Stream:
             if not heads:
                 break
             oldest = min(t for _, t in heads.values())
-            complete = all(r in heads or r not in running for r in self.lines)
-            if not (final or complete or now - oldest >= hold):
+            every = len(heads) == len(self.lines)
+            # a rank that finished may still have output on the way (ipyparallel delivers
+            # the result before the last stream message): wait SETTLE_S for it, so the
+            # same lines group the same way whatever the timing
+            settled = (all(r in heads or r not in running for r in self.lines)
+                       and now - oldest >= SETTLE_S)
+            if not (final or every or settled or now - oldest >= hold):
                 break
             groups: dict[str, list[int]] = {}
             for r in sorted(heads):

@@ -56,7 +56,13 @@ def main() -> None:
     else:
         raise SystemExit(f"commlab.engine._proc: role must be 'engine' or 'controller', "
                          f"got {role!r}")
-    run()
+    try:
+        run()
+    except RuntimeError as e:
+        # an engine asked to shut down stops its event loop under tornado's run_sync,
+        # which reports that as this error: it is the clean end, exit 0 without a traceback
+        if "Event loop stopped before Future completed" not in str(e):
+            raise
 
 
 if __name__ == "__main__":

@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import re
 
-from commlab.errors import CommlabError
+import commlab.errors as errors
+from commlab.errors import CommlabError, is_internal
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _CELL_FILE = re.compile(r"(ipykernel_\d+/\d+\.py|<ipython-input-[\d-]+>)")
+_TB_FRAME = re.compile(r"^(Cell In\[(?P<n>\d+)\], line \d+|File (?P<file>.+?):\d+, in |"
+                       r"Input In \[\d+\])")
+_ARROW = re.compile(r"^-+> ")
+_CELL_NO = re.compile(r"Cell In\[\d+\]")
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
 
 
@@ -32,6 +37,32 @@ def strip_ansi(s: str) -> str:
     return _ANSI.sub("", s)
 
 
+def short_traceback(tb: str, head: str, cell_number: int | None = None
+                    ) -> tuple[list[str], int]:
+    """A rank's IPython traceback as the user's frames (header + the arrow line) and the
+    message, commlab's frames counted, not shown; ``Cell In[k]`` renumbered to the
+    notebook's cell; returns the lines and how many frames were hidden. Text in an
+    unknown format comes back whole."""
+    lines = strip_ansi(tb).rstrip("\n").splitlines()
+    starts = [i for i, ln in enumerate(lines) if _TB_FRAME.match(ln)]
+    if not starts:
+        return lines or [head], 0
+    out, hidden = [], 0
+    for k, i in enumerate(starts):
+        block = lines[i:starts[k + 1] if k + 1 < len(starts) else len(lines)]
+        m = _TB_FRAME.match(block[0])
+        if m["file"] and is_internal(m["file"]):
+            hidden += 1
+            continue
+        header = block[0]
+        if cell_number is not None and m["n"]:
+            header = header.replace(f"Cell In[{m['n']}]", f"Cell In[{cell_number}]", 1)
+        out.append(header)
+        out += [ln for ln in block[1:] if _ARROW.match(ln)][:1]
+    out.append(head)
+    return out, hidden
+
+
 class DistributedError(CommlabError):
     """A cell (or ``World.apply``) failed on some ranks.
 
@@ -43,40 +74,63 @@ class DistributedError(CommlabError):
         self.failures = failures
         self.world_size = world_size
         self.extra = extra
+        self.cell_number: int | None = None  # the notebook's cell (set by %%distributed)
         self.groups: dict[tuple[str, str], list[int]] = {}
+        self._text: dict[tuple[str, str], str] = {}
         for r in sorted(failures):
             ename, evalue, tb = failures[r]
-            key = (f"{ename}: {evalue}" if evalue else ename, strip_ansi(tb))
+            # engines count their cells apart: In[k] differs between identical failures
+            key = (f"{ename}: {evalue}" if evalue else ename,
+                   _CELL_NO.sub("Cell In[]", strip_ansi(tb)))
             self.groups.setdefault(key, []).append(r)
+            self._text.setdefault(key, strip_ansi(tb))  # the first rank's, as it came
         heads = [f"{head.split(':')[0]} on {ranks_str(rs)}" for (head, _), rs in
                  self.groups.items()]
         msg = "; ".join(heads)
         first = next(iter(self.groups))[0]
         super().__init__(f"{msg} ({first})" + (f"\n{extra}" if extra else ""))
 
-    def _render_traceback_(self) -> list[str]:
-        """What IPython shows instead of the client-side traceback."""
-        lines = []
-        for (head, tb), rs in self.groups.items():
+    def _render_traceback_(self, full: bool | None = None) -> list[str]:
+        """What IPython shows instead of the client-side traceback: per group of ranks,
+        the user's frames and the message (``full``, or ``commlab.errors.FULL_TRACEBACKS``:
+        the ranks' whole tracebacks)."""
+        full = errors.FULL_TRACEBACKS if full is None else full
+        lines, hidden = [], 0
+        for (head, key_tb), rs in self.groups.items():
+            tb = self._text[(head, key_tb)]
             lines.append(f"\x1b[31m--- {head.split(':')[0]} on {ranks_str(rs)} "
                          f"(of {self.world_size}) ---\x1b[0m")
-            lines.extend(tb.rstrip("\n").splitlines() or [head])
+            if full:
+                lines.extend(tb.rstrip("\n").splitlines() or [head])
+            else:
+                short, n = short_traceback(tb, head, self.cell_number)
+                lines.extend(short)
+                hidden = max(hidden, n)
         if self.extra:
             lines.append(self.extra)
+        if hidden:
+            lines.append(errors.HINT.format(n=hidden, s="" if hidden == 1 else "s"))
         return lines
+
+    @property
+    def full_traceback(self) -> str:
+        """Every group's whole rank traceback, commlab's frames included."""
+        return strip_ansi("\n".join(self._render_traceback_(full=True)))
 
 
 class HangError(CommlabError):
     """Some ranks stayed blocked (a collective that not every rank called, a deadlock):
     the report shows each blocked rank's stack and the collective it waits in."""
 
-    def __init__(self, report: str, failures: DistributedError | None = None):
+    def __init__(self, report: str, failures: DistributedError | None = None,
+                 full_report: str = ""):
         self.report = report
+        self.full_report = full_report or report  # with every frame of each stack
         self.failures = failures
         super().__init__(report)
 
     def _render_traceback_(self) -> list[str]:
-        lines = self.report.splitlines()
+        lines = (self.full_report if errors.FULL_TRACEBACKS else self.report).splitlines()
         if self.failures is not None:
             lines += [""] + self.failures._render_traceback_()
         return lines
@@ -113,9 +167,10 @@ def _relevant_thread(threads):
     return threads[0] if threads else []
 
 
-def describe_stack(rank: int, dump: str, cell_lines: list[str] | None = None
-                   ) -> tuple[str, bool]:
-    """One blocked rank's part of a hang report, and whether it waits inside commlab."""
+def describe_stack(rank: int, dump: str, cell_lines: list[str] | None = None,
+                   full: bool = False) -> tuple[str, bool]:
+    """One blocked rank's part of a hang report, and whether it waits inside commlab.
+    Frames below the commlab call the cell made are counted, not shown, unless ``full``."""
     frames = list(reversed(_relevant_thread(parse_dump(dump))))  # oldest first
     start = next((i for i, (f, _, _) in enumerate(frames) if _CELL_FILE.search(f)), 0)
     frames = frames[start:]
@@ -138,6 +193,10 @@ def describe_stack(rank: int, dump: str, cell_lines: list[str] | None = None
         if raw:
             out[-1] += ")"
 
+    hidden = 0
+    if not full and outer is not None:
+        cut = next(i for i, (f, _, _) in enumerate(frames) if _is_commlab(f)) + 1
+        hidden, frames = len(frames) - cut, frames[:cut]
     for f, ln, fn in frames:
         if _CELL_FILE.search(f):
             src = ""
@@ -148,4 +207,7 @@ def describe_stack(rank: int, dump: str, cell_lines: list[str] | None = None
             shown = f.split("site-packages/")[-1].split("/commlab/")[-1]
             shown = ("commlab/" + shown) if "/commlab/" in f else shown
             out.append(f"    {shown}:{ln} in {fn}")
+    if hidden:
+        out.append(f"    ({hidden} frame{'' if hidden == 1 else 's'} inside commlab hidden: "
+                   f"err.full_report has them)")
     return "\n".join(out), outer is not None

@@ -99,6 +99,8 @@ class CellRun:
                     sys.stdout.write(f"[rank {rank}] {line}\n")
                 sys.stdout.flush()
             elif kind == "prompt":
+                # the other ranks' output so far first: they are running, not stuck
+                self.out.pump(self.running(), final=True)
                 relay.answer(rank, ask(f"[rank {rank}] {payload}"))
             elif kind == "end" and payload:
                 self.quit_rank = rank
@@ -143,10 +145,11 @@ class CellRun:
         if not (over or late):
             return
         stacks = self.world.dump_stacks(sorted(running))
-        parts, in_commlab = [], False
+        parts, whole, in_commlab = [], [], False
         for r in sorted(running):
             text, inside = describe_stack(r, stacks.get(r, ""), self.cell_lines)
             parts.append(text)
+            whole.append(describe_stack(r, stacks.get(r, ""), self.cell_lines, full=True)[0])
             in_commlab |= inside
         if late and not over and not in_commlab:
             self.first_done = now  # busy computing, not blocked in a collective: keep waiting
@@ -162,7 +165,9 @@ class CellRun:
                           f"forever; call it on every rank.")
         report.append(self._recover(sorted(running)))
         self.out.pump(set(), final=True)
-        raise HangError("\n".join(report), self._failures(ignore=set(running)))
+        full = [report[0], *whole, *report[1 + len(parts):]]
+        raise HangError("\n".join(report), self._failures(ignore=set(running)),
+                        full_report="\n".join(full))
 
     # -- recovery -------------------------------------------------------------------------
     def _settle(self, ranks: list[int], limit: float) -> list[int]:

@@ -10,12 +10,9 @@ HMAC-signed zmq messages on 127.0.0.1. Each engine joins as one rank
 from __future__ import annotations
 
 import atexit
-import logging
 import os
 import shutil
-import signal
 import socket
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -24,9 +21,11 @@ import psutil
 
 from commlab import _config
 from commlab.engine import _worker
+from commlab.engine._launch import end_engines, engine_launchers, launcher_pids, make_cluster
 from commlab.engine._pids import alive, end_pids
 from commlab.engine._relay import Relay
 from commlab.engine._report import ranks_str
+from commlab.engine._stacks import dump_stacks
 from commlab.engine._wait import CellRun, wait_all
 from commlab.errors import CommlabUsageError
 
@@ -73,51 +72,53 @@ class World:
         self.stack_dir = ""
         self.broken = ""  # why the world cannot run cells (a rank died)
         self.closed = False
+        self._log = None
+        self.replaced = 0  # size of the world start_world stopped for this one
 
     # -- lifecycle ------------------------------------------------------------------------
-    def start(self) -> World:
-        import ipyparallel as ipp
-        from traitlets.config import Config
-
+    def start(self, progress=None) -> World:
+        """Start the controller and the engines, then join them; ``progress(done, total,
+        what)`` is called as each step ends (total = n + 2: controller, engines, join)."""
         self.relay = Relay()
         self.stack_dir = tempfile.mkdtemp(prefix="commlab-stacks-")
-        cfg = Config()
-        # run as a file, not `-m commlab...`: the controller must not import torch
-        proc = [sys.executable, os.path.join(os.path.dirname(__file__), "_proc.py")]
-        cfg.LocalControllerLauncher.controller_cmd = proc + ["controller"]
-        cfg.LocalEngineSetLauncher.engine_cmd = proc + ["engine"]
-        cfg.LocalEngineLauncher.engine_cmd = proc + ["engine"]
         env = {"PYTHONUNBUFFERED": "1"}
         if self.requested_backend == "cpu":
             env["COMMLAB_BACKEND"] = "cpu"
         if self.requested_backend != "cuda":
             env.setdefault("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
         self._engine_env = env
-        self.cluster = ipp.Cluster(
-            config=cfg, n=0, controller_ip="127.0.0.1", engines=_engine_set_launcher(),
-            log_level=logging.WARNING, shutdown_atexit=True,
-        )
+        self.cluster, self._log = make_cluster(os.path.basename(self.stack_dir))
+        self._progress = progress or (lambda done, total, what: None)
         atexit.register(self.stop)
         try:
+            total = self.n_wanted + 2
             self.cluster.start_controller_sync()
             self.client = self.cluster.connect_client_sync()
-            eids = self._start_engines(self.n_wanted)
+            self._progress(1, total, "controller started")
+            eids = self._start_engines(self.n_wanted, lambda k: self._progress(
+                1 + k, total, f"{k} of {self.n_wanted} engines up"))
             self._join(eids)
+            self._progress(total, total, "ranks joined")
         except BaseException:
             self.stop()
             raise
         return self
 
-    def _start_engines(self, k: int) -> list[int]:
+    def _start_engines(self, k: int, up=None) -> list[int]:
         known = set(self.client.ids)
         # no nanny process: we signal engines by pid ourselves, and it is one process less
         self.cluster.start_engines_sync(n=k, environment=dict(self._engine_env),
                                         engine_args=["--IPEngine.enable_nanny=False"])
         deadline = time.monotonic() + 120
+        seen = 0
         while len(set(self.client.ids) - known) < k:  # ids of dead engines may vanish meanwhile
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{k} new engines did not register within 120 s")
             time.sleep(0.05)
+            now = len(set(self.client.ids) - known)
+            if up is not None and now > seen:
+                seen = now
+                up(now)
         return sorted(set(self.client.ids) - known)[:k]
 
     def _join(self, eids: list[int]) -> None:
@@ -144,14 +145,13 @@ class World:
         self.closed = True
         pids = [ri.pid for ri in self.ranks] + self._launcher_pids()
         if self.client is not None and self.ranks and not self.broken:
-            try:  # close the communicators first: engines then exit promptly
+            try:  # close the communicators first (the heap's shm is unlinked at init)
                 wait_all(self, [self.client[ri.eid].apply_async(_worker.leave)
                                 for ri in self.ranks], what="leaving the world", limit=10)
             except Exception:
                 pass
-        # ipyparallel's engines take seconds to stop on SIGTERM; their state is already
-        # closed (and the heap's shm unlinked at init), so end them by pid at once
-        end_pids([ri.pid for ri in self.ranks], grace=0.0)
+        end_engines(self.client, [ri.eid for ri in self.ranks if alive(ri.pid)],
+                    [ri.pid for ri in self.ranks])
         if self.cluster is not None:
             try:
                 self.cluster.stop_cluster_sync()
@@ -180,20 +180,12 @@ class World:
         return sorted(set([ri.pid for ri in self.ranks] + self._launcher_pids()))
 
     def _launcher_pids(self) -> list[int]:
-        """The controller, its scheduler processes, and every engine we launched."""
-        pids = []
-        if self.cluster is None:
-            return pids
-        ctl = getattr(self.cluster.controller, "pid", None) if self.cluster.controller else None
-        if ctl:
-            pids.append(ctl)
-            try:
-                pids += [c.pid for c in psutil.Process(ctl).children(recursive=True)]
-            except psutil.Error:
-                pass
-        for es in self.cluster.engines.values():
-            pids += [el.pid for el in getattr(es, "launchers", {}).values() if el.pid]
-        return pids
+        return launcher_pids(self.cluster)
+
+    @property
+    def log_lines(self) -> list[str]:
+        """ipyparallel's log of this world (kept out of the notebook), oldest first."""
+        return list(self._log.lines) if self._log is not None else []
 
     def resize(self, n: int) -> None:
         """Grow or shrink to ``n`` ranks: survivors keep their namespaces, re-join with the
@@ -221,11 +213,7 @@ class World:
     def _drop(self, ranks: list[RankInfo]) -> None:
         if not ranks:
             return
-        try:
-            self.client.shutdown(targets=[ri.eid for ri in ranks], block=False)
-        except Exception:
-            pass
-        end_pids([ri.pid for ri in ranks], grace=3.0)
+        end_engines(self.client, [ri.eid for ri in ranks], [ri.pid for ri in ranks])
 
     def replace(self, stuck: list[int]) -> None:
         """Kill ranks ``stuck`` (by pid) and start fresh engines in their place; every
@@ -315,45 +303,19 @@ class World:
     def dump_stacks(self, ranks: list[int]) -> dict[int, str]:
         """Each rank's Python stack (all threads), via faulthandler on SIGUSR1: works even
         when the rank is blocked in C."""
-        paths = {}
-        for ri in self.ranks:
-            if ri.rank in ranks:
-                paths[ri.rank] = os.path.join(self.stack_dir, f"engine-{ri.eid}.txt")
-                with open(paths[ri.rank], "w"):
-                    pass
-        self.signal(ranks, signal.SIGUSR1)
-        out: dict[int, str] = {}
-        asked = False
-        t0 = time.monotonic()
-        while time.monotonic() < t0 + 3.0 and len(out) < len(paths):
-            time.sleep(0.05)
-            if not asked and time.monotonic() > t0 + 1.0:  # no signal dump: ask the watcher
-                asked = True
-                for r in set(paths) - set(out):
-                    _poke(paths[r] + ".fifo")
-            for r, p in paths.items():
-                text = open(p).read()
-                if r not in out and text.count("File ") and _settled(p, text):
-                    out[r] = text
-        for r, p in paths.items():
-            out.setdefault(r, open(p).read())
-        return out
+        return dump_stacks(self, ranks)
 
     def exit_code(self, pid: int) -> int | None:
         """The exit status of a dead engine (negative: killed by that signal)."""
         deadline = time.monotonic() + 2.0  # the launcher's thread reaps it
         while True:
-            for el in self._engine_launchers():
+            for el in engine_launchers(self.cluster):
                 proc = el.process
                 if el.pid == pid and getattr(proc, "exit_code", None) is not None:
                     return proc.exit_code
             if time.monotonic() > deadline:
                 return None
             time.sleep(0.05)
-
-    def _engine_launchers(self) -> list:
-        return [el for es in (self.cluster.engines.values() if self.cluster else [])
-                for el in getattr(es, "launchers", {}).values()]
 
     def status(self) -> str:
         lines = [f"world of {self.size} ranks, backend {self.backend}"
@@ -369,52 +331,6 @@ class World:
         return "\n".join(lines)
 
 
-class _RecordingProcess(psutil.Process):
-    """A psutil.Process that remembers the exit status ``wait`` returned (ipyparallel's
-    reaper thread calls it; its own record only reaches a loop we do not run)."""
-
-    exit_code: int | None = None
-
-    def wait(self, timeout=None):
-        code = super().wait(timeout)
-        self.exit_code = code
-        return code
-
-
-def _engine_set_launcher():
-    """ipyparallel's local engine-set launcher whose reaper keeps each exit status."""
-    from ipyparallel.cluster.launcher import LocalEngineLauncher, LocalEngineSetLauncher
-
-    class EngineLauncher(LocalEngineLauncher):
-        def _start_waiting(self):
-            self.process = _RecordingProcess(self.pid)
-            super()._start_waiting()
-
-    class EngineSetLauncher(LocalEngineSetLauncher):
-        launcher_class = EngineLauncher
-
-    return EngineSetLauncher
-
-
-def _poke(fifo: str) -> None:
-    """Ask a rank's dump watcher (``_worker._start_dump_watcher``) for its stacks."""
-    try:
-        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)  # ENXIO: no watcher reading
-    except OSError:
-        return
-    try:
-        os.write(fd, b"d")
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _settled(path: str, text: str) -> bool:
-    time.sleep(0.05)
-    return open(path).read() == text
-
-
 def current_world() -> World:
     """The running world; raises a clear error when there is none."""
     if _CURRENT is None or _CURRENT.closed:
@@ -428,12 +344,17 @@ def world_or_none() -> World | None:
 
 
 def start_world(n: int, backend: str = "auto", devices: list[int] | None = None,
-                timeout: float | None = None) -> World:
-    """Start a world of ``n`` ranks (stopping the current one) and make it current."""
+                timeout: float | None = None, progress=None) -> World:
+    """Start a world of ``n`` ranks (stopping the current one) and make it current.
+    ``World.replaced`` is the size of the world it stopped (0: none ran); ``progress``
+    as in ``World.start``."""
     global _CURRENT
-    if _CURRENT is not None:
+    replaced = 0
+    if _CURRENT is not None and not _CURRENT.closed:
+        replaced = _CURRENT.size
         _CURRENT.stop()
-    w = World(n, backend, devices, timeout).start()
+    w = World(n, backend, devices, timeout).start(progress)
+    w.replaced = replaced
     _CURRENT = w
     _LAST.clear()
     _LAST.update(n=n, backend=backend, devices=devices, timeout=timeout)
@@ -449,7 +370,7 @@ def stop_world() -> int:
     return n
 
 
-def restart_world() -> World:
+def restart_world(progress=None) -> World:
     """Stop the world (if one runs) and start a fresh one like the last ``start_world``,
     with the world's current size (after a resize). Every rank's variables are lost."""
     if not _LAST:
@@ -457,4 +378,4 @@ def restart_world() -> World:
     last = dict(_LAST)
     if _CURRENT is not None:
         last["n"] = _CURRENT.size or last["n"]
-    return start_world(**last)
+    return start_world(**last, progress=progress)

@@ -34,7 +34,7 @@ def discover(*, sysfs_root: str = "/") -> Topology:
         _sysfs.add_host(topo, sysfs_root)
         return topo
     topo = Topology(name=f"{socket.gethostname()} (no GPU found)",
-                    description="no NVML, nvidia-smi or rocm-smi: CPUs/NUMA nodes and NICs from sysfs",
+                    description="no NVML, nvidia-smi or rocm-smi: CPUs, NUMA nodes, NICs (sysfs)",
                     sources=["sysfs"], meta={"machine": platform.machine()})
     _sysfs.add_host(topo, sysfs_root)
     return topo

@@ -90,15 +90,24 @@ def overlap_metrics(spans, *, comm_kinds=COMM_KINDS, compute_kinds=COMPUTE_KINDS
     return out
 
 
+def fmt_time(us: float) -> str:
+    """12.3 -> '12 µs'; 12345 -> '12.3 ms'; 2.5e6 -> '2.50 s' (thousands separated)."""
+    if us < 1e3:
+        return f"{us:,.0f} µs"
+    if us < 1e6:
+        return f"{us / 1e3:,.1f} ms"
+    return f"{us / 1e6:,.2f} s"
+
+
 def ratio_warnings(metrics: dict[int, OverlapMetrics], threshold: float) -> list[str]:
-    """One line per rank whose comm/compute time ratio is above ``threshold``."""
+    """One short line per rank whose comm/compute time ratio is above ``threshold``."""
     out = []
     for r, m in sorted(metrics.items()):
         if m.comm_compute_ratio is not None and m.comm_compute_ratio > threshold:
-            out.append(f"rank {r}: communication takes {m.comm_compute_ratio:.2f}x the compute "
-                       f"time (threshold {threshold:g}); {m.exposed_comm_us:.1f} us of it is "
-                       f"exposed. Overlap more, or move less data per step.")
+            out.append(f"rank {r}: comm {m.comm_compute_ratio:,.1f}x compute "
+                       f"({fmt_time(m.comm_us)} vs {fmt_time(m.compute_us)}, "
+                       f"{fmt_time(m.exposed_comm_us)} exposed)")
         elif m.comm_compute_ratio is None and m.comm_us > 0:
-            out.append(f"rank {r}: {m.comm_us:.1f} us of communication and no compute spans; "
-                       f"mark compute with commlab.trace.span(...) to measure overlap")
+            out.append(f"rank {r}: {fmt_time(m.comm_us)} of comm and no compute spans "
+                       f"(mark compute with commlab.trace.span)")
     return out

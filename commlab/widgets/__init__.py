@@ -5,8 +5,10 @@ live updates go through one pump, at most ~10 redraws a second."""
 
 from commlab.widgets._linkbench import LinkBenchView
 from commlab.widgets._pump import PUMP, Pump
+from commlab.widgets._style import byte_axis, fmt_binary, impl_colors, style_figure
 from commlab.widgets._timeline import TimelineModel, TimelineView, show_timeline
 from commlab.widgets._topology import TopologyExplorer, TopologyGraph
 
 __all__ = ["LinkBenchView", "PUMP", "Pump", "TimelineModel", "TimelineView",
-           "TopologyExplorer", "TopologyGraph", "show_timeline"]
+           "TopologyExplorer", "TopologyGraph", "byte_axis", "fmt_binary", "impl_colors",
+           "show_timeline", "style_figure"]

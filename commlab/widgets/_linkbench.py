@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 
 from commlab.topology._bench_result import LinkBenchResult, fmt_bytes
+from commlab.widgets._style import FIG_CONFIG, byte_axis, style_figure
 
 
 def heatmap_data(res: LinkBenchResult, method: str, size: int | None = None) -> dict:
@@ -15,7 +16,11 @@ def heatmap_data(res: LinkBenchResult, method: str, size: int | None = None) -> 
     text = [[f"{v:.3g} GB/s<br>{p:.3g}% of peak" if p is not None else f"{v:.3g} GB/s"
              for v, p in zip(row, prow, strict=True)] for row, prow in zip(mat, pct, strict=True)]
     ranks = [f"rank {i}" for i in range(res.world_size)]
-    return {"z": mat, "text": text, "x": ranks, "y": ranks, "pct": pct}
+    # the colour scale starts at 0: a 12% spread between pairs must look like one
+    top = max([v for row in mat for v in row if v] + [p for row in (res.peak or [])
+                                                       for p in row if p] + [1e-9])
+    return {"z": mat, "text": text, "x": ranks, "y": ranks, "pct": pct, "zmin": 0.0,
+            "zmax": top}
 
 
 def curves(res: LinkBenchResult, method: str) -> list[dict]:
@@ -41,19 +46,24 @@ class LinkBenchView:
         self.size = W.Dropdown(options=[(fmt_bytes(s), s) for s in result.sizes],
                                value=result.sizes[-1], description="size")
         self.heatmap = go.FigureWidget()
-        self.heatmap._config = {"displaylogo": False}  # before any trace: see _timeline
+        self.heatmap._config = dict(FIG_CONFIG)  # before any trace: see _timeline
         self.heatmap.add_heatmap(z=[[0]], colorscale="Viridis", colorbar={"title": "GB/s"},
                                  texttemplate="%{text}", hovertemplate="rank %{y} reads rank "
                                  "%{x}: %{text}<extra></extra>")
-        self.heatmap.update_layout(height=360, width=460, margin={"t": 40, "l": 60, "r": 10,
+        self.heatmap.update_layout(height=400, width=400, margin={"t": 40, "l": 60, "r": 10,
                                    "b": 40}, yaxis={"autorange": "reversed", "title": "reader"},
                                    xaxis={"title": "source"})
         self.curve = go.FigureWidget()
-        self.curve._config = {"displaylogo": False}
-        self.curve.update_layout(height=360, width=520, margin={"t": 40, "l": 60, "r": 10,
-                                 "b": 40}, xaxis={"type": "log", "title": "bytes"},
-                                 yaxis={"title": "GB/s", "type": "log"},
-                                 legend={"font": {"size": 10}})
+        self.curve._config = dict(FIG_CONFIG)
+        self.curve.update_layout(height=400, width=500, margin={"t": 40, "l": 60, "r": 10,
+                                 "b": 40}, xaxis=byte_axis(result.sizes, "message size"),
+                                 yaxis={"title": "bandwidth (GB/s)", "type": "log"})
+        style_figure(self.curve, legend_title="reader←source")
+        # below the plot: beside it, long peak names would squash a 500 px figure
+        self.curve.update_layout(legend={"orientation": "h", "x": 0, "xanchor": "left",
+                                         "y": -0.45, "yanchor": "top"}, height=460,
+                                 margin={"b": 150})
+        style_figure(self.heatmap)
         peak_src = html.escape(result.peak_source)
         self.note = W.HTML(f"<small>{html.escape(result.device)} · {result.backend} · "
                            f"GB/s = bytes / median time · peak: {peak_src}</small>")
@@ -76,6 +86,7 @@ class LinkBenchView:
         with self.heatmap.batch_update():
             h = self.heatmap.data[0]
             h.z, h.text, h.x, h.y = d["z"], d["text"], d["x"], d["y"]
+            h.zmin, h.zmax = d["zmin"], d["zmax"]
             self.heatmap.layout.title = f"{m}: GB/s at {fmt_bytes(self.size.value)}"
         with self.curve.batch_update():
             self.curve.data = []
@@ -84,9 +95,14 @@ class LinkBenchView:
                                        line={"dash": "dot" if c["local"] else "solid"})
             peaks = {p for row in res.peak for p in row if p}
             for p in sorted(peaks)[:3]:
+                readers = [i for i, row in enumerate(res.peak) if p in row]
+                whose = (f"reader {readers[0]}" if len(readers) == 1 else
+                         f"readers {', '.join(map(str, readers))}")
                 self.curve.add_scatter(x=[res.sizes[0], res.sizes[-1]], y=[p, p], mode="lines",
-                                       name=f"peak {p:.1f}", line={"dash": "dash",
-                                                                   "color": "#888"})
+                                       name=f"peak {p:,.1f} GB/s ({whose})",
+                                       hovertemplate=f"peak: {html.escape(res.peak_source)}"
+                                       "<extra></extra>",
+                                       line={"dash": "dash", "color": "#888"})
             self.curve.layout.title = f"{m}: bandwidth vs size"
 
     def _repr_mimebundle_(self, **kw):

@@ -12,6 +12,13 @@ import html
 import re
 
 from commlab.trace import Span, overlap_metrics, ratio_warnings, to_chrome_trace
+from commlab.widgets._style import FIG_CONFIG, style_figure
+
+# comm/compute above which the box warns, per backend: on GPUs communication outweighing
+# compute is worth a look; on the CPU backend Triton's interpreter runs communication
+# kernels 2-220x slower than torch's matmul (measured on notebooks 03 and 05), so only a
+# ratio beyond that range says something about the program
+THRESHOLD = {"cuda": 1.0, "cpu": 250.0}
 
 KIND_COLOR = {"comm": "#e45756", "compute": "#4c78a8", "copy": "#f58518", "wait": "#bab0ac",
               "reduce": "#54a24b", "memcpy": "#b279a2"}
@@ -33,11 +40,29 @@ def _natural(s: str):
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", s)]
 
 
+def default_threshold(spans, backend: str | None = None) -> float:
+    """``THRESHOLD`` of ``backend``; without one, of the backend the spans come from
+    ("program N" lanes: the CPU interpreter; "sm N": a GPU), else of this process."""
+    if backend is None:
+        lanes = {str(s.get("lane", "")).split(" ")[0] for s in spans}
+        if "sm" in lanes:
+            backend = "cuda"
+        elif "program" in lanes:
+            backend = "cpu"
+        else:
+            import sys
+
+            torch = sys.modules.get("torch")
+            backend = "cuda" if torch is not None and torch.cuda.is_available() else "cpu"
+    return THRESHOLD.get(backend, 1.0)
+
+
 class TimelineModel:
-    def __init__(self, spans=(), threshold: float = 1.0):
+    def __init__(self, spans=(), threshold: float | None = None, backend: str | None = None):
         self.spans: list[dict] = []
-        self.threshold = threshold
         self.add(spans)
+        self.threshold = (default_threshold(self.spans, backend) if threshold is None
+                          else threshold)
 
     def add(self, spans) -> None:
         self.spans.extend(_as_dict(s) for s in spans)
@@ -95,9 +120,14 @@ class TimelineModel:
         w = self.warnings()
         if not w:
             return ""
-        items = "".join(f"<li>{html.escape(x)}</li>" for x in w)
-        return ("<div class='commlab-warning' style='background:#fff3cd;border:1px solid "
-                f"#e0a800;padding:4px 8px'>⚠ communication-heavy<ul>{items}</ul></div>")
+        items = html.escape("; ".join(w))
+        # JupyterLab's own warning colours: readable in its light and dark themes alike
+        return ("<div class='commlab-warning' style='background:var(--jp-warn-color3,#fff3cd);"
+                "color:var(--jp-ui-font-color1,#222);border-left:4px solid "
+                "var(--jp-warn-color1,#e0a800);padding:2px 8px;white-space:nowrap;"
+                "overflow:hidden;text-overflow:ellipsis' "
+                f"title='{items}'>⚠ communication-heavy (comm/compute > "
+                f"{self.threshold:,g}): {items}</div>")
 
     def chrome_trace(self, path=None) -> dict:
         return to_chrome_trace(self.spans, path)
@@ -106,22 +136,24 @@ class TimelineModel:
 class TimelineView:
     """The timeline widget; ``add_spans`` updates it live (batched through the pump)."""
 
-    def __init__(self, spans=(), *, threshold: float = 1.0, title: str = "overlap timeline"):
+    def __init__(self, spans=(), *, threshold: float | None = None,
+                 title: str = "overlap timeline", backend: str | None = None):
         import ipywidgets as W
         import plotly.graph_objects as go
 
-        self.model = TimelineModel(spans, threshold)
+        self.model = TimelineModel(spans, threshold, backend)
         self.figure = go.FigureWidget()
         # Config first: a figure whose traces exist before its config is assigned renders
         # blank in JupyterLab (plotly 7 FigureWidget, seen in the browser test).
-        self.figure._config = {"scrollZoom": True, "displaylogo": False}
+        self.figure._config = dict(FIG_CONFIG, scrollZoom=True)
         self.figure.update_layout(
-            title=title, barmode="overlay", dragmode="pan", height=300,
-            margin={"l": 140, "r": 10, "t": 40, "b": 40},
+            title={"text": title, "x": 0.01, "xanchor": "left"}, barmode="overlay",
+            dragmode="pan", height=300, margin={"l": 140, "r": 120, "t": 40, "b": 40},
             xaxis={"title": "µs", "rangeslider": {"visible": True, "thickness": 0.06}},
-            yaxis={"autorange": "reversed", "type": "category"},
-            legend={"orientation": "h", "y": 1.12})
-        self.threshold = W.BoundedFloatText(value=threshold, min=0.0, max=1e6, step=0.1,
+            yaxis={"autorange": "reversed", "type": "category"})
+        style_figure(self.figure, legend_title="span kind")
+        self.threshold = W.BoundedFloatText(value=self.model.threshold, min=0.0, max=1e6,
+                                            step=0.1,
                                             description="warn if comm/compute >",
                                             style={"description_width": "initial"})
         self.threshold.observe(self._on_threshold, names="value")
@@ -157,9 +189,34 @@ class TimelineView:
         self.warning.value = self.model.warnings_html()
 
     def _repr_mimebundle_(self, **kw):
+        if _shown_in_this_cell(self):
+            return None  # show_timeline displayed it already: once per cell
         return self.widget._repr_mimebundle_(**kw)
 
 
-def show_timeline(spans, *, threshold: float = 1.0, title: str = "overlap timeline"):
-    """A timeline widget of ``spans`` (Span objects, or dicts: Span.to_dict() plus "rank")."""
-    return TimelineView(spans, threshold=threshold, title=title)
+def _shown_in_this_cell(view) -> bool:
+    ip = _shell()
+    return ip is not None and getattr(view, "_shown_at", None) == ip.execution_count
+
+
+def _shell():
+    import sys
+
+    ipython = sys.modules.get("IPython")
+    return ipython.get_ipython() if ipython is not None else None
+
+
+def show_timeline(spans, *, threshold: float | None = None, title: str = "overlap timeline",
+                  backend: str | None = None) -> TimelineView:
+    """Display a timeline widget of ``spans`` (Span objects, or dicts: Span.to_dict() plus
+    "rank") and return it, e.g. to ``add_spans`` later. It displays from anywhere in a
+    cell (inside an ``if``, a loop) and once only when it is also the cell's last value.
+    ``threshold``: warn above this comm/compute ratio (default per backend: THRESHOLD)."""
+    view = TimelineView(spans, threshold=threshold, title=title, backend=backend)
+    ip = _shell()
+    if ip is not None:
+        from IPython.display import display
+
+        display(view.widget)
+        view._shown_at = ip.execution_count
+    return view

@@ -18,6 +18,8 @@ EDGE_COLOR = {"nvlink": "#76b900", "xgmi": "#ed1c24", "pcie": "#9d755d", "shm": 
               "smp": "#bab0ac", "net": "#72b7b2"}
 CLASS_COLOR = {"X": "#eeeeee", "PIX": "#fdd49e", "PXB": "#fdbb84", "PHB": "#fc8d59",
                "NODE": "#ef6548", "SYS": "#d7301f", "SHM": "#9ecae1", "NET": "#c6dbef"}
+EDGE_NAME = {"nvlink": "NVLink", "pcie": "PCIe", "shm": "shared memory", "smp": "CPU socket link",
+             "net": "network"}
 HIGHLIGHT = "#ff7f0e"
 
 
@@ -38,8 +40,10 @@ class TopologyGraph:
         order = [rank_nodes(t).get(r) for r in sorted(rank_nodes(t))]
         devs = sorted(devs, key=lambda n: order.index(n.id) if n.id in order else 99)
         r = 1.0 + 0.12 * max(0, len(devs) - 4)  # room for the switches in the middle
+        # two devices side by side: the CPU below then links each without crossing the other
+        start = math.pi if len(devs) == 2 else math.pi / 2
         for k, n in enumerate(devs):  # ring order around a circle: a ring is a circle
-            a = math.pi / 2 - 2 * math.pi * k / max(len(devs), 1)
+            a = start - 2 * math.pi * k / max(len(devs), 1)
             pos[n.id] = (r * math.cos(a), r * math.sin(a)) if len(devs) > 1 else (0.0, 0.0)
         for kind, y in (("nvswitch", 0.0), ("cpu", -r - 0.8), ("nic", r + 0.8)):
             group = t.nodes_of(kind)
@@ -87,8 +91,8 @@ class TopologyGraph:
     def edge_style(self, e) -> tuple[str, float, str]:
         """(colour, width, label) of an edge now."""
         label = e.path
-        if e.measured_gbps:
-            label = f"{e.path} {e.measured_gbps:.3g} GB/s"
+        if e.measured_gbps:  # what a copy reached, not the link's own rate
+            label = f"{e.path} (copy measured {e.measured_gbps:.3g} GB/s)"
         if e.key in self.rates:
             gbps = self.rates[e.key]
             frac = min(1.0, gbps / e.peak_gbps) if e.peak_gbps else 0.0
@@ -106,7 +110,8 @@ class TopologyGraph:
         e = self.edges[index]
         d = {"edge": f"{e.a} — {e.b}", "kind": e.kind, "class": e.path,
              "peak GB/s per direction": e.peak_gbps or "unknown",
-             "measured GB/s": e.measured_gbps if e.measured_gbps is not None else "—",
+             "measured copy GB/s (a benchmark's rate, not the link's)":
+                 e.measured_gbps if e.measured_gbps is not None else "—",
              "links up": f"{e.links_up} of {len(e.links)}" if e.links else "—",
              "p2p": ", ".join(f"{k}: {v}" for k, v in e.p2p.items()) or "—",
              "source": e.source}
@@ -167,7 +172,7 @@ class TopologyExplorer:
         self.model = TopologyGraph(topology)
         g = self.model
         fig = go.FigureWidget()
-        fig._config = {"displaylogo": False, "scrollZoom": True}  # before traces: _timeline
+        fig._config = {"displaylogo": False, "scrollZoom": True, "responsive": True}
         for e in g.edges:
             (x0, y0), (x1, y1) = g.positions[e.a], g.positions[e.b]
             fig.add_scatter(x=[x0, x1], y=[y0, y1], mode="lines", hoverinfo="skip",
@@ -180,6 +185,10 @@ class TopologyExplorer:
                                 "line": {"width": 1, "color": "#666"}},
                         hovertext=[f"{e.a}–{e.b}: {e.path}, click for detail" for e in g.edges],
                         hoverinfo="text", name="links", showlegend=False)
+        for kind in sorted({e.kind for e in g.edges}):  # the edge colours' legend
+            fig.add_scatter(x=[None], y=[None], mode="lines", name=EDGE_NAME.get(kind, kind),
+                            line={"color": EDGE_COLOR.get(kind, "#999999"), "width": 4},
+                            hoverinfo="skip")
         nodes = [n for n in topology.nodes if n.id in g.positions]
         rank_of = {v: k for k, v in rank_nodes(topology).items()}
         fig.add_scatter(
@@ -192,7 +201,10 @@ class TopologyExplorer:
                                       "color": [KIND_COLOR.get(n.kind, "#999") for n in nodes]})
         fig.update_layout(title=title or topology.name, height=520, margin={"l": 10, "r": 10,
                           "t": 40, "b": 10}, xaxis={"visible": False},
-                          yaxis={"visible": False, "scaleanchor": "x"}, plot_bgcolor="white")
+                          yaxis={"visible": False, "scaleanchor": "x"},
+                          legend={"x": 1.0, "xanchor": "left", "y": 1, "title": {"text": "links"}},
+                          paper_bgcolor="rgba(0,0,0,0)", plot_bgcolor="rgba(0,0,0,0)",
+                          font={"color": "#888"})
         self.figure = fig
         self._mid_trace = fig.data[len(g.edges)]
         self._mid_trace.on_click(self._on_click)

@@ -235,3 +235,41 @@ def test_topology_linkbench_and_timeline_render_in_jupyterlab(jupyterlab):
     assert "world of 2 ranks" in text  # the world really started
     for needle in ("route", "rank 0", "GB/s", "comm/compute"):
         assert needle in text, needle
+
+
+LIFECYCLE_CELLS = [
+    "%load_ext commlab",
+    "%dist_start -n 3 --backend cpu",
+    "%%distributed\nx = rank",
+    "%dist_start -n 3 --backend cpu",  # replaces the running world: says so in its one line
+    "%dist_resize 2",
+    "%dist_stop",
+    "%dist_start -n 2 --backend cpu",
+    "%%distributed\nx = torch.ones(4 + rank)\ny = commlab.all_gather(x)",  # last: Run All stops
+]
+
+
+def _cell_lines(page, index: int) -> list[str]:
+    texts = page.locator(".jp-Notebook .jp-Cell").nth(index).locator(
+        ".jp-OutputArea-output").all_inner_texts()
+    return [ln for t in texts for ln in t.splitlines() if ln.strip()]
+
+
+@pytest.mark.browser
+@pytest.mark.timeout(400)
+def test_lifecycle_magics_print_one_line_and_a_rank_error_a_few(jupyterlab):
+    base, token, root = jupyterlab
+    _notebook(root / "lifecycle.ipynb", LIFECYCLE_CELLS)
+    with _chromium_page() as page:
+        _open_and_run_all(page, base, token, "lifecycle.ipynb")
+        _wait_for_text(page, "RankMismatchError", 300)
+        page.wait_for_timeout(3000)  # late log lines, if any, would arrive now
+        lines = {i: _cell_lines(page, i) for i in range(len(LIFECYCLE_CELLS))}
+        page.screenshot(path=str(SHOTS / "lifecycle.png"), full_page=True)
+    for i in (1, 3, 4, 5, 6):
+        assert len(lines[i]) == 1, (LIFECYCLE_CELLS[i], lines[i])
+    assert "previous world of 3 ranks was stopped" in lines[3][0]
+    assert lines[5] == ["world of 2 ranks stopped"]
+    err = lines[len(LIFECYCLE_CELLS) - 1]
+    assert len(err) <= 8 and any("pass the same shape" in ln for ln in err), err
+    assert not any("_common.py" in ln or "_control.py" in ln for ln in err), err

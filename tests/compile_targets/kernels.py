@@ -85,7 +85,7 @@ def language_primitives_kernel(x_ptr, flag_ptr, out_ptr, ctx, BLOCK: tl.constexp
 
 
 _GPU = SimpleNamespace(backend="cuda")  # what launch_for / rounds_for / tile_config read
-SMALL, BIG = 64 << 10, 64 << 20  # elements: below and above COMMLAB_GPU_BIG (1M)
+SMALL, BIG = 64 << 10, 64 << 20  # elements: below and above _common._GPU_BIG (1M)
 
 
 def _shape(n: int) -> tuple[cc.Launch, int]:
