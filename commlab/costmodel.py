@@ -97,9 +97,9 @@ def fit(records, op: str = "all_reduce", mode: str = "eager", dtype: str | None 
         groups.setdefault(r["impl"], []).append((r["bytes"], r["world_size"], r["time_us"]))
     fits = {}
     for impl, pts in sorted(groups.items()):
-        if len(pts) < 2:
-            continue
         model = model_of(impl)
+        if len(pts) < 2 or model is None:  # the filter above kept only modelled impls
+            continue
         alpha, beta = fit_points(model, pts)
         errs = [abs(predict_us(model, alpha, beta, n, w) - t) / t for n, w, t in pts]
         fits[impl] = Fit(impl, model, alpha, beta, float(np.median(errs)), max(errs), len(pts))

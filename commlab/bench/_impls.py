@@ -39,7 +39,7 @@ class Prepared:
     ``reset()`` (if any) restores an input the call modifies in place."""
 
     call: Callable[[], torch.Tensor]
-    reset: Callable[[], None] | None = None
+    reset: Callable[[], object] | None = None  # its return value is ignored
 
 
 @dataclass

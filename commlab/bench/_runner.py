@@ -9,7 +9,9 @@ rank and not timed.
 from __future__ import annotations
 
 import fnmatch
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
@@ -18,6 +20,8 @@ import commlab
 from commlab.bench import _timing
 from commlab.bench._impls import DTYPES, Impl, implementations, make_input, reference
 from commlab.bench._records import OPS, Record, device_name, fmt_bytes, git_commit
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -95,7 +99,8 @@ def select(impls: list[Impl], patterns) -> list[Impl]:
                                     for p in patterns)]
 
 
-def _attempt(fn) -> tuple[object, str]:
+def _attempt(fn: Callable[[], T]) -> tuple[T | None, str]:
+    """(fn(), "") or (None, what it raised)."""
     try:
         return fn(), ""
     except Exception as e:  # reported on every rank by _agree, then skipped
@@ -148,7 +153,9 @@ def run(comm=None, *, ops=OPS, sizes=(8, 1 << 20), dtype: str | None = None,
 def _shared_commit(comm) -> str:
     got = [git_commit() if comm.rank == 0 else None]
     dist.broadcast_object_list(got, src=0, group=comm.cpu_group)
-    return got[0]
+    commit = got[0]
+    assert commit is not None  # rank 0 sent its commit to every rank
+    return commit
 
 
 def _measure(comm, impl: Impl, x, ref, total: int, modes, iters, meta, result) -> None:
@@ -156,6 +163,7 @@ def _measure(comm, impl: Impl, x, ref, total: int, modes, iters, meta, result) -
     prepared, err = _attempt(lambda: impl.prepare(comm, x))
     raised = bool(err)
     if not err:
+        assert prepared is not None  # _attempt returns fn()'s value when nothing raised
         out, err = _attempt(prepared.call)
         raised = bool(err)
         err = err or check(out, ref, world)
@@ -189,16 +197,16 @@ def _measure(comm, impl: Impl, x, ref, total: int, modes, iters, meta, result) -
 def _time_mode(comm, prepared, mode: str, total: int, iters: int, ref) -> tuple[float, str]:
     reps = reps_for(total, iters)
     if comm.backend != "cuda":
-        return _attempt(lambda: _timing.time_host(comm, prepared.call, reps=reps))
+        return _timed(lambda: _timing.time_host(comm, prepared.call, reps=reps))
     if mode == "eager":
-        return _attempt(lambda: _timing.time_eager(comm, prepared.call, reps=reps,
+        return _timed(lambda: _timing.time_eager(comm, prepared.call, reps=reps,
                                                    inner=inner_for(total)))
     # graph: capture, check one replay's output, then time replays
     calls = _timing.graph_calls(max(total, ref.numel() * ref.element_size()))
     if prepared.reset:
         prepared.reset()
     captured, err = _attempt(lambda: _timing.capture(comm, prepared.call, calls))
-    if err:
+    if err or captured is None:
         return 0.0, f"capture failed: {err}"
     graph, out = captured
     if prepared.reset and calls == 1:  # the single replayed call must see fresh input
@@ -209,4 +217,10 @@ def _time_mode(comm, prepared, mode: str, total: int, iters: int, ref) -> tuple[
         bad = check(out, ref, comm.world_size)
         if bad:
             return 0.0, f"graph replay differs: {bad}"
-    return _attempt(lambda: _timing.time_graph(comm, graph, calls, reps=reps))
+    return _timed(lambda: _timing.time_graph(comm, graph, calls, reps=reps))
+
+
+def _timed(fn: Callable[[], float]) -> tuple[float, str]:
+    """(µs, "") or (0.0, what it raised): the time counts only when nothing raised."""
+    t, err = _attempt(fn)
+    return (0.0 if t is None else t), err

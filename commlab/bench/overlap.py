@@ -172,7 +172,7 @@ def bench(comm, args, save) -> list[dict]:
             for m in ms:
                 impls = make_impls(comm, op, m, k, n)
                 iters = args.iters if m * k * n < 2**38 else max(20, args.iters // 2)
-                rounds = {name: [] for name in impls}
+                rounds: dict[str, list[float]] = {name: [] for name in impls}
                 for _ in range(args.rounds):  # interleaved, so drift hits every impl alike
                     for name, fn in impls.items():
                         rounds[name].append(time_us(comm, fn, args.warmup, iters,
@@ -310,7 +310,9 @@ def main(argv=None) -> int:
     try:  # older torch needs this before its fused ops; newer ones enable it themselves
         from torch.distributed._symmetric_memory import enable_symm_mem_for_group
 
-        enable_symm_mem_for_group(comm.group.group_name)
+        group = comm.group
+        assert isinstance(group, dist.ProcessGroup)  # init(backend="cuda") made an NCCL one
+        enable_symm_mem_for_group(group.group_name)
     except Exception as e:  # the torch impl is then reported as missing, not fatal
         log(comm, f"torch symmetric memory not enabled: {e}")
     log(comm, f"{comm.world_size} x {device_name(comm)}, torch {torch.__version__}")
@@ -326,7 +328,7 @@ def main(argv=None) -> int:
     records = [] if args.trace_only else bench(comm, args, save)
     tile_records = tile_sweep(comm, args) if args.tiles else []
     spans = traced(comm)
-    all_spans = [None] * comm.world_size
+    all_spans: list[list[dict]] = [[] for _ in range(comm.world_size)]  # gather fills
     dist.all_gather_object(all_spans, spans, group=comm.cpu_group)
     if comm.rank == 0:  # (the records are saved: bench() writes them after every shape)
         trace_path = out / f"overlap-trace-{tag}.json"

@@ -118,7 +118,7 @@ def ce_copy_out_kernel(
 class _State:
     comm: object
     t: torch.Tensor  # int32 [1 + MAX_WORLD * MAX_CHUNKS] in the flag area: counter, flags
-    side: object  # torch.cuda.Stream (CUDA) or None
+    side: torch.cuda.Stream | None  # None off CUDA
     views: dict = field(default_factory=dict)  # (peer, addr, numel, dtype) -> peer view
 
     def peer(self, t: torch.Tensor, p: int) -> torch.Tensor:
@@ -189,17 +189,19 @@ def exchange(comm, sends: dict, own: torch.Tensor | None, out: torch.Tensor, n: 
 
     if comm.backend == "cuda":
         main = torch.cuda.current_stream(comm.device)
+        side = st.side
+        assert side is not None  # _state() made one for a CUDA communicator
         launch(ce_begin_kernel, (1,), (st.t,), {}, num_warps=1)
         # The barrier runs on the main stream, before the copy-out: a copy-out spinning on
         # every SM must never keep a kernel that the peers wait for from being scheduled
         # (with the barrier on the side stream, a CUDA-graph replay at 16 MiB deadlocked).
         launch(barrier_kernel, (1,), (comm.context,), {}, num_warps=1)
-        st.side.wait_stream(main)
-        with torch.cuda.stream(st.side):
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
             push()
         copy_out()
         launch(ce_end_barrier_kernel, (2,), (comm.context,), {}, num_warps=1)
-        main.wait_stream(st.side)
+        main.wait_stream(side)
     else:
         st.t[0] += 1
         barrier_kernel[(1,)](comm.context)

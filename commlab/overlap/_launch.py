@@ -101,7 +101,7 @@ def tail_workspace(comm: Communicator, sched: Schedule, cfg: TileConfig):
     one after another, so they can share it). Without a split the kernels never touch
     them: one-element placeholders (no 17 MiB of slots for nothing)."""
     if not sched.split:
-        key = (str(comm.device), "none")
+        key: tuple[str | int, ...] = (str(comm.device), "none")
         if key not in _WORKSPACES:
             _WORKSPACES[key] = (torch.empty(1, dtype=torch.float32, device=comm.device),
                                 torch.zeros(1, dtype=torch.int32, device=comm.device))

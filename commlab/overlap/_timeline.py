@@ -29,7 +29,9 @@ class Clock:
         if isinstance(self.mark, int):
             return (self.mark - RECORDER._t0_ns) / 1e3, self.mark
         torch.cuda.synchronize(self.comm.device)
-        return RECORDER._t0_event.elapsed_time(self.mark) * 1e3, tile_t0_ns
+        t0 = RECORDER._t0_event
+        assert t0 is not None  # self.mark is a CUDA stamp, and the first one set it
+        return t0.elapsed_time(self.mark) * 1e3, tile_t0_ns
 
 
 def add_tile_spans(comm: Communicator, trace: torch.Tensor, clock: Clock, op: str,

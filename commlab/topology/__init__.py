@@ -26,7 +26,8 @@ from commlab.topology.routes import ROUTES, Route, route
 def samples() -> dict[str, str]:
     """Shipped topologies: name -> description."""
     out = {}
-    for f in sorted(resources.files("commlab.topology").joinpath("data").iterdir()):
+    for f in sorted(resources.files("commlab.topology").joinpath("data").iterdir(),
+                    key=lambda f: f.name):
         if f.name.endswith(".json"):
             d = json.loads(f.read_text())
             if d.get("schema") == "commlab.topology/1":

@@ -57,9 +57,9 @@ class LinkBenchResult:
 
     def percent_of_peak(self, method=None, size=None) -> list[list[float | None]]:
         mat = self.matrix(method, size)
+        unknown: list[list[float | None]] = [[None] * self.world_size] * len(mat)
         return [[(100.0 * v / p if p else None) for v, p in zip(row, prow, strict=True)]
-                for row, prow in zip(mat, self.peak or [[None] * self.world_size] * len(mat),
-                                          strict=True)]
+                for row, prow in zip(mat, self.peak or unknown, strict=True)]
 
     def curve(self, i: int, j: int, method: str | None = None) -> list[float]:
         m = method or self.methods[0]

@@ -147,7 +147,7 @@ class Topology:
         return cls.from_dict(json.loads(path.read_text()))
 
     def summary(self) -> str:
-        kinds = {}
+        kinds: dict[str, int] = {}
         for n in self.nodes:
             kinds[n.kind] = kinds.get(n.kind, 0) + 1
         parts = [f"{v} {k}{'s' if v > 1 else ''}" for k, v in kinds.items()]

@@ -60,7 +60,7 @@ def parse_topo_m(text: str, *, nvlink_gbps: float = 26.562, name: str = "") -> T
         if d.startswith("GPU"):
             i = int(d[3:])
             ex = extras.get(d, [])
-            attrs = {"index": i}
+            attrs: dict[str, object] = {"index": i}
             if ex:
                 attrs["cpu_affinity"] = ex[0]
             if len(ex) > 1 and ex[1].isdigit():

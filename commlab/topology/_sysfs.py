@@ -63,7 +63,8 @@ def path_class(a: list[str], b: list[str], numa_a=None, numa_b=None) -> str:
 
 def nics(root: str = "/") -> list[Node]:
     """RDMA devices (/sys/class/infiniband) and physical Ethernet ports with a PCI device."""
-    out, seen = [], set()
+    out: list[Node] = []
+    seen: set[str] = set()
     for cls in ("infiniband", "net"):
         for d in sorted(Path(root, "sys/class", cls).glob("*")):
             dev = d / "device"

@@ -26,7 +26,7 @@ def rank_info(comm) -> dict:
         info["cpus"] = []
     if comm.backend == "cuda":
         p = torch.cuda.get_device_properties(comm.device)
-        info["pci_bus_id"] = f"{p.pci_domain_id:08x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0"
+        info["pci_bus_id"] = f"{p.pci_domain_id:08x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0"  # type: ignore[attr-defined]  # torch stubs lack the pci_* properties (torch 2.13)
         info["gpu_name"] = p.name
     return info
 

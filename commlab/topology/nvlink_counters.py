@@ -21,7 +21,7 @@ def link_map(topology) -> dict[tuple[int, int], tuple[str, str]]:
     """(gpu index, link index) -> key of the edge that link belongs to. An edge's links
     are those of the GPU end that reported them (``e.a`` when both ends are GPUs); its
     TX counts one direction and its RX the other."""
-    out = {}
+    out: dict[tuple[int, int], tuple[str, str]] = {}
     for e in topology.edges:
         if e.kind != "nvlink" or not e.links:
             continue
@@ -67,7 +67,7 @@ class NvlinkSampler:
         self.last: dict = {}
         self.error: str | None = None
         self.samples = 0
-        self._proc: subprocess.Popen | None = None
+        self._proc: subprocess.Popen[str] | None = None
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="commlab-nvlink", daemon=True)
 
@@ -86,6 +86,8 @@ class NvlinkSampler:
 
     def _run(self) -> None:
         proc, prev = self._proc, None
+        # start() made the reader, with all three pipes, before it started this thread
+        assert proc is not None and proc.stdout is not None and proc.stderr is not None
         for line in proc.stdout:
             s = json.loads(line)
             cur = {(g, lk): (tx, rx) for g, lk, tx, rx in s["c"]}
@@ -108,8 +110,9 @@ class NvlinkSampler:
         proc = self._proc
         if proc is not None and proc.poll() is None:
             try:
-                proc.stdin.write("stop\n")
-                proc.stdin.close()
+                if proc.stdin is not None:
+                    proc.stdin.write("stop\n")
+                    proc.stdin.close()
             except OSError:
                 pass
             try:
@@ -120,4 +123,5 @@ class NvlinkSampler:
         if self._thread.is_alive():
             self._thread.join(timeout=2)
         for f in (proc.stdout, proc.stderr) if proc is not None else ():
-            f.close()
+            if f is not None:
+                f.close()

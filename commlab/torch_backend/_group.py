@@ -41,7 +41,7 @@ class CommlabProcessGroup(dist.ProcessGroup):
 
     def __init__(self, store, rank: int, size: int, timeout, *, spans_world: bool,
                  is_default: bool):
-        super().__init__(rank, size)
+        super().__init__(rank, size)  # type: ignore[call-arg]  # torch stubs lack the (rank, size) overload (torch 2.13)
         self.spans_world = spans_world  # False: every op goes to the fallback
         self.is_default = is_default  # the default group: it closes the Communicator
         self.fallback = Fallback(store, rank, size, timeout)
@@ -271,7 +271,7 @@ class CommlabProcessGroup(dist.ProcessGroup):
             output_lists, inputs, opts or dist.AllgatherOptions())
 
     def monitored_barrier(self, timeout=None, wait_all_ranks: bool = False):
-        return self.fallback.gloo.monitored_barrier(timeout, wait_all_ranks)
+        return self.fallback.gloo.monitored_barrier(timeout, wait_all_ranks)  # type: ignore[attr-defined]  # torch stubs lack Backend.monitored_barrier (torch 2.13)
 
     def shutdown(self) -> None:
         """``dist.destroy_process_group()``: close the fallback, and the Communicator when

@@ -10,7 +10,12 @@ from __future__ import annotations
 
 import torch
 
-from commlab.collectives import all_gather, all_reduce, all_to_all, broadcast, reduce_scatter
+# from the op modules: mypy reads ``commlab.collectives.all_gather`` as the submodule
+from commlab.collectives.all_gather import all_gather
+from commlab.collectives.all_reduce import all_reduce
+from commlab.collectives.all_to_all import all_to_all
+from commlab.collectives.broadcast import broadcast
+from commlab.collectives.reduce_scatter import reduce_scatter
 from commlab.runtime import Signature
 from commlab.torch_backend._bitcast import NATIVE, from_words, to_words
 from commlab.torch_backend._reduce import finish_avg, in_kernel, reduce_rows

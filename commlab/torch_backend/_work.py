@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import _create_work_from_future
+from torch._C._distributed_c10d import _create_work_from_future  # type: ignore[attr-defined]  # private, not in torch stubs (torch 2.13)
 from torch.futures import Future
 
 
 def completed(result, device: torch.device | None = None) -> dist.Work:
     """A Work whose ``wait()`` returns True and whose future holds ``result``."""
     if device is not None and device.type == "cuda":
-        fut = Future(devices=[device])
+        fut: Future[object] = Future(devices=[device])
     else:
         fut = Future()
     fut.set_result(result)

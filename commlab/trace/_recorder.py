@@ -50,7 +50,7 @@ class Recorder:
         self.active = False
         self.rank = 0
         self._pending: list = []  # (name, kind, bytes, algorithm, lane, meta, start, end)
-        self._t0_event = None
+        self._t0_event: torch.cuda.Event | None = None  # the first CUDA stamp
         self._t0_ns = 0
 
     def start(self, rank: int = 0) -> None:
@@ -103,7 +103,9 @@ class Recorder:
             if isinstance(b, int):
                 s, t = (b - self._t0_ns) / 1e3, (e - self._t0_ns) / 1e3
             else:
-                s, t = self._t0_event.elapsed_time(b) * 1e3, self._t0_event.elapsed_time(e) * 1e3
+                t0 = self._t0_event
+                assert t0 is not None  # b is a CUDA stamp, and the first one set t0
+                s, t = t0.elapsed_time(b) * 1e3, t0.elapsed_time(e) * 1e3
             out.append(Span(name, kind, self.rank, s, t, nbytes, algo, lane, meta))
         self._pending = []
         return out

@@ -182,7 +182,10 @@ def tune(ops=("all_reduce",), sizes=None, dtypes=None, *, progress: bool = True,
     if comm.world_size > 1:
         box = [table.to_dict() if table is not None else None]
         dist.broadcast_object_list(box, src=0, group=comm.cpu_group)
-        table = TuningTable.from_dict(box[0])
+        sent = box[0]
+        assert sent is not None  # rank 0 always builds the table it sends
+        table = TuningTable.from_dict(sent)
+    assert table is not None  # built here on rank 0, received on the others
     if save and comm.local_rank == 0:  # one writer per host
         table.save(table_path(comm))
     _install(comm, table)

@@ -24,7 +24,8 @@ def winners(times: dict[int, dict[str, float]]) -> list[dict]:
     for nbytes in sorted(times):
         t = {a: float(v) for a, v in times[nbytes].items() if v and v > 0}
         if t:
-            rows.append({"bytes": int(nbytes), "algorithm": min(t, key=t.get), "times_us": t})
+            rows.append({"bytes": int(nbytes), "algorithm": min(t, key=t.__getitem__),
+                         "times_us": t})
     return rows
 
 
@@ -100,7 +101,7 @@ def auto_violations(records, tolerance: float = 0.05, choice=None) -> list[str]:
         singles = {a: v for a, v in t.items() if a != "auto"}
         if "auto" not in t or not singles:
             continue
-        best = min(singles, key=singles.get)
+        best = min(singles, key=singles.__getitem__)
         picked = choice(op, dtype, nbytes) if choice is not None and mode == "graph" else None
         mine, label = ((singles[picked], f"auto (runs {picked})") if picked in singles
                        else (t["auto"], "auto"))
