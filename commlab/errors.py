@@ -68,7 +68,7 @@ def notebook_traceback(shell, etype, value, tb, tb_offset=None) -> list[str]:
         return full
     if render is not None:
         return render()
-    frames = traceback.extract_tb(tb)
+    frames: list[traceback.FrameSummary] = list(traceback.extract_tb(tb))
     if tb_offset:
         frames = frames[tb_offset:]
     hidden = sum(is_internal(f.filename) for f in frames)

@@ -51,6 +51,7 @@ def short_traceback(tb: str, head: str, cell_number: int | None = None
     for k, i in enumerate(starts):
         block = lines[i:starts[k + 1] if k + 1 < len(starts) else len(lines)]
         m = _TB_FRAME.match(block[0])
+        assert m is not None  # every block starts where _TB_FRAME matched (starts above)
         if m["file"] and is_internal(m["file"]):
             hidden += 1
             continue
@@ -143,7 +144,8 @@ class RankDiedError(CommlabError):
 def parse_dump(text: str) -> list[list[tuple[str, int, str]]]:
     """faulthandler's all-threads dump -> threads, each a list of (file, line, function)
     frames, most recent call first."""
-    threads, cur = [], None
+    threads: list[list[tuple[str, int, str]]] = []
+    cur: list[tuple[str, int, str]] | None = None
     for line in text.splitlines():
         if line.startswith(("Thread 0x", "Current thread 0x")):
             cur = []

@@ -110,6 +110,7 @@ class CellRun:
     def _stop_after_quit(self, running: set[int]) -> None:
         """The user quit Pdb on one rank: end the cell on the others too, then recover."""
         self.quit_done = True
+        assert self.quit_rank is not None  # called only once a rank quit (see poll)
         self._settle([self.quit_rank], 2.0)
         others = sorted(self.running())
         if others:

@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 import threading
+from typing import Any
 
 import torch
 import triton
@@ -21,7 +22,7 @@ import commlab
 import commlab.language as cl
 from commlab.engine import _debugger
 
-_STACK_FILE = None  # kept open: faulthandler writes to its descriptor from a signal handler
+_STACK_FILE: Any = None  # kept open: faulthandler writes to its descriptor from a signal handler
 
 
 def join(rank: int, world_size: int, port: int, backend: str, device: int,

@@ -16,6 +16,7 @@ import socket
 import tempfile
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import psutil
 
@@ -68,7 +69,10 @@ class World:
         self.n_wanted = n
         self.ranks: list[RankInfo] = []
         self.backend = "?"
-        self.cluster = self.client = self.relay = None
+        # ipyparallel's Cluster and Client, the debugger's Relay: made by start()
+        self.cluster: Any = None
+        self.client: Any = None
+        self.relay: Any = None
         self.stack_dir = ""
         self.broken = ""  # why the world cannot run cells (a rank died)
         self.closed = False

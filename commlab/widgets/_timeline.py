@@ -80,7 +80,7 @@ class TimelineModel:
             lane = self.lane_of(s)
             sub = "" if lane == f"rank {s['rank']}" else lane
             keys[lane] = (int(s["rank"]), sub != "", _natural(sub))
-        return sorted(keys, key=keys.get)
+        return sorted(keys, key=keys.__getitem__)
 
     def bars(self) -> dict[str, dict]:
         """Per kind: lists y (lane), base (start µs), x (duration µs), hover text."""
@@ -142,6 +142,7 @@ class TimelineView:
         import plotly.graph_objects as go
 
         self.model = TimelineModel(spans, threshold, backend)
+        self._shown_at: int | None = None  # the cell that displayed it (show_timeline)
         self.figure = go.FigureWidget()
         # Config first: a figure whose traces exist before its config is assigned renders
         # blank in JupyterLab (plotly 7 FigureWidget, seen in the browser test).
