@@ -8,6 +8,8 @@ import textwrap
 import time
 
 import pytest
+
+pytest.importorskip("IPython", reason="the notebook extras are not installed")
 from IPython.core.error import UsageError
 
 from commlab.engine import HangError, RankDiedError, current_world, stop_world, world_or_none

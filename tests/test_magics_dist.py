@@ -12,6 +12,8 @@ import threading
 import time
 
 import pytest
+
+pytest.importorskip("IPython", reason="the notebook extras are not installed")
 from IPython.core.error import UsageError
 
 from commlab.engine import DistributedError, HangError, current_world

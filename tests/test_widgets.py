@@ -6,6 +6,8 @@ import threading
 import time
 
 import pytest
+
+pytest.importorskip("IPython", reason="the notebook extras are not installed")
 from IPython.core.error import UsageError
 
 from commlab import topology as T
