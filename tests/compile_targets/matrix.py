@@ -32,7 +32,7 @@ TARGETS = {t.name: t for t in (
 )}
 
 # Every kernel variant the check compiles (kernels.py builds each one by this name).
-# "[small]"/"[big]": collectives._common.launch_for below and above COMMLAB_GPU_BIG
+# "[small]"/"[big]": collectives._common.launch_for below and above _common._GPU_BIG
 # elements (2048-element blocks; 8192-element blocks with rounds_for's pipeline depth).
 VARIANTS = (
     "language_primitives",
