@@ -25,3 +25,13 @@ class CollectiveTimeoutError(CommlabError, TimeoutError):
 
 class BackendUnavailableError(CommlabError):
     """The requested backend cannot run here (e.g. ``cuda`` without a GPU on some rank)."""
+
+
+class DataRaceError(CommlabError):
+    """Two accesses to the same symmetric bytes, at least one a write, not ordered by
+    happens-before (found by ``commlab.racecheck``; the message names both)."""
+
+
+class WaitTimeoutError(CollectiveTimeoutError):
+    """A ``cl.wait``/``cl.barrier`` under ``commlab.racecheck(wait_timeout=...)`` stayed
+    unsatisfied; the message holds the wait-for graph."""

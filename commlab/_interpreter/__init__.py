@@ -8,6 +8,7 @@ Layer L0: imports Triton and numpy, never ``commlab.runtime`` or anything above 
 - ``fastmem``: symbolic index blocks (``blocks``) and slice-copy loads/stores, checked
   against the stock builder (``selfcheck``, ``stock``) at install
 - ``triton_lib``: re-wrap ``@jit`` helpers decorated before the interpreter was chosen
+- ``observe``: launch and program hooks a checker registers with (no import upward)
 - ``host``: host-side help for the device language's spin-waits (yield, poll a flag)
 
 ``install()`` replaces the access methods and turns on both speed-ups;
@@ -23,10 +24,11 @@ from commlab._interpreter.choose import decide, interpreting
 
 def install() -> None:
     """Speed up Triton's interpreter for every kernel (commlab's and the user's)."""
-    from commlab._interpreter import fastcall, fastmem, memory
+    from commlab._interpreter import fastcall, fastmem, memory, observe
 
     memory.install()  # every load, store and atomic through one hookable function each
     fastcall.install()
+    observe.install()  # launch and program hooks (racecheck), outside fastcall's launch
     fastmem.install()  # symbolic index blocks, slice-copy loads and stores
 
 

@@ -39,6 +39,7 @@ class Access:
     sem: object = None  # atomics: the interpreter's memory-semantic enum
     op: object = None  # atomic_rmw: the rmw op
     value: object = None  # store/atomic operand
+    cmp: object = None  # atomic_cas: the value compared with
 
     def itemsize(self) -> int:
         return max(1, self.ptrs.get_element_ty().primitive_bitwidth // 8)
@@ -198,7 +199,7 @@ def _create_atomic_rmw(self, rmwOp, ptr, val, mask, sem, scope):  # noqa: N803 (
 def _create_atomic_cas(self, ptr, cmp, val, sem, scope):
     def do():
         return STOCK["create_atomic_cas"](self, ptr, cmp, val, sem, scope)
-    return _around(Access("atomic_cas", ptr, sem=sem, value=val), do)
+    return _around(Access("atomic_cas", ptr, sem=sem, value=val, cmp=cmp), do)
 
 
 PATCHES = {
