@@ -71,7 +71,8 @@ def message(chk, first, later) -> str:
     head = (f"data race on {what}: {_who(first)} {verb[first[3]]} it and "
             f"{_who(later)} {verb[later[3]]} it, with no happens-before between them. ")
     if first[4] == later[4] and first[10][0] == later[10][0]:
-        why = (f"Programs {first[5][0]} and {later[5][0]} of one launch run concurrently "
+        p, q = sorted((first[5][0], later[5][0]))
+        why = (f"Programs {p} and {q} of one launch run concurrently "
                f"(as on a GPU; the interpreter only runs them one after another): order "
                f"them with a cl.notify/cl.wait pair, or put the second access in a later "
                f"launch")

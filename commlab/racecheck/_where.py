@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 import sys
 
-_SKIP = ("/triton/", "/numpy/", os.sep + "racecheck" + os.sep, os.sep + "_interpreter" + os.sep,
-         os.sep.join(("commlab", "language.py")))
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_PKG = os.path.dirname(_HERE)
+_SKIP = (os.sep + "triton" + os.sep, os.sep + "numpy" + os.sep, _HERE + os.sep,
+         os.path.join(_PKG, "_interpreter") + os.sep, os.path.join(_PKG, "language.py"))
 
 
 def kernel_line() -> str:
