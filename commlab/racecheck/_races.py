@@ -36,7 +36,7 @@ def _ordered(a, b) -> bool:
 
 def find(chk, mine: list):
     """The first unreported race between ``mine`` and every known record, or None."""
-    everyone = [x for recs in chk.records.values() for x in recs]
+    everyone = [x for recs in chk.records.values() for x in recs if x[0] != "sync"]
     for a in mine:
         for b in everyone + mine:
             if b is a or a[6] == b[6] or a[0] != b[0]:

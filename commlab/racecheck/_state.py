@@ -40,6 +40,7 @@ class Checker:
         self.waiting = None  # what this program is blocked on, for the wait-for graph
         self.blocked_since = 0.0
         self.reported: set = set()
+        self.accesses = 0  # symmetric-memory access ranges recorded (a health figure)
 
     # -- addresses --------------------------------------------------------------------
     def owner_of(self, addrs: np.ndarray):
@@ -116,6 +117,7 @@ class Checker:
                    self.pid, comp, self.cur[comp], snap, where, self.launch[:3])
             self.pending.append(rec)
             self.mine_new.append(rec)
+            self.accesses += 1
 
     def flush(self):
         if self.pending:
@@ -190,7 +192,7 @@ class Checker:
                 self.history.setdefault(rec[1], []).append(rec[2:])
 
     # -- host synchronisation (agreement, commlab.barrier, collectives) ---------------
-    def host_sync(self, event, seq):
+    def host_sync(self, event, rank, seq):
         if event == "publish":
             self.flush()
             self.shared.acc[self.rank].append(("sync", seq))

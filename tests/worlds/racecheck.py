@@ -140,7 +140,15 @@ def collectives_world(comm, repeats: int = 2) -> dict:
     checks = Checks(comm.rank)
     world = comm.world_size
     gen = torch.Generator().manual_seed(comm.rank)
-    with commlab.racecheck():
+    with commlab.racecheck() as chk:
+        for _ in range(repeats):
+            a = torch.randn(32, 32, generator=gen).to(torch.bfloat16)
+            b = torch.randn(32, 32, generator=gen).to(torch.bfloat16)
+            with checks.case("ag_gemm", "ag_gemm fused"):
+                commlab.ag_gemm(a, b, algorithm="fused")
+            with checks.case("gemm_rs", "gemm_rs fused"):
+                commlab.gemm_rs(torch.randn(32 * world, 32, generator=gen).to(torch.bfloat16),
+                                b, algorithm="fused")
         for n in (1000, 4096):
             for _ in range(repeats):
                 x = torch.randn(n, generator=gen)
@@ -156,4 +164,5 @@ def collectives_world(comm, repeats: int = 2) -> dict:
                     commlab.all_to_all(torch.randn(n * world, generator=gen))
                 with checks.case("barrier", "barrier"):
                     commlab.barrier()
-    return checks.result()
+        launches = chk.launch_no
+    return {**checks.result(), "launches": launches, "accesses": chk.accesses}
