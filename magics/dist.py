@@ -108,6 +108,9 @@ class DistMagics(Magics):
     @GRACE
     @argument("--trace", action="store_true",
               help="record commlab.trace spans on every rank and show the timeline")
+    @argument("--racecheck", action="store_true",
+              help="run the cell under commlab.racecheck() on every rank: a data race in "
+                   "a kernel raises DataRaceError naming both accesses")
     @cell_magic
     @_usage
     def distributed(self, line, cell):
@@ -131,8 +134,18 @@ class DistMagics(Magics):
             rank 0 interrupted; the world recovered (comm.recover() on every rank) ...
         """
         args = parse_argstring(self.distributed, line)
-        spans = _world().run_cell(cell, ranks=args.ranks, timeout=args.timeout,
-                                  grace=args.grace, trace=args.trace)
+        if args.racecheck:
+            from commlab.racecheck import start, stop
+
+            if args.ranks is not None:
+                raise UsageError("--racecheck runs on every rank: drop --ranks")
+            _world().apply(start)
+        try:
+            spans = _world().run_cell(cell, ranks=args.ranks, timeout=args.timeout,
+                                      grace=args.grace, trace=args.trace)
+        finally:
+            if args.racecheck:
+                _world().apply(stop)
         if args.trace:
             _show_trace(spans)
 

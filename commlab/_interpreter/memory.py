@@ -153,53 +153,79 @@ def _fast_store(ptrs, value, mask) -> bool:
 # --- the six access methods ---------------------------------------------------------
 
 
-def _around(access, do):
-    fn = _STATE["observer"]
-    return do() if fn is None else fn(access, do)
+def _masked_load(self, ptrs, mask, other, cache_policy, is_volatile):
+    out = _fast_load(ptrs, mask, other) if _STATE["fast"] else None
+    if out is not None:
+        return out
+    return STOCK["create_masked_load"](self, ptrs, mask, other, cache_policy, is_volatile)
+
+
+def _load(self, ptr, cache_policy, is_volatile):
+    out = _fast_load(ptr, None, None) if _STATE["fast"] else None
+    if out is not None:
+        return out
+    return STOCK["create_load"](self, ptr, cache_policy, is_volatile)
+
+
+def _masked_store(self, ptrs, value, mask, cache_policy):
+    if not (_STATE["fast"] and _fast_store(ptrs, value, mask)):
+        return STOCK["create_masked_store"](self, ptrs, value, mask, cache_policy)
+
+
+def _store(self, ptr, val, cache_policy):
+    if not (_STATE["fast"] and _fast_store(ptr, val, None)):
+        return STOCK["create_store"](self, ptr, val, cache_policy)
+
+
+# With no observer each method is one dict look-up more than its own path.
 
 
 def _create_masked_load(self, ptrs, mask, other, cache_policy, is_volatile):
-    def do():
-        out = _fast_load(ptrs, mask, other) if _STATE["fast"] else None
-        if out is not None:
-            return out
-        return STOCK["create_masked_load"](self, ptrs, mask, other, cache_policy, is_volatile)
-    return _around(Access("load", ptrs, mask), do)
+    fn = _STATE["observer"]
+    if fn is None:
+        return _masked_load(self, ptrs, mask, other, cache_policy, is_volatile)
+    return fn(Access("load", ptrs, mask),
+              lambda: _masked_load(self, ptrs, mask, other, cache_policy, is_volatile))
 
 
 def _create_load(self, ptr, cache_policy, is_volatile):
-    def do():
-        out = _fast_load(ptr, None, None) if _STATE["fast"] else None
-        if out is not None:
-            return out
-        return STOCK["create_load"](self, ptr, cache_policy, is_volatile)
-    return _around(Access("load", ptr), do)
+    fn = _STATE["observer"]
+    if fn is None:
+        return _load(self, ptr, cache_policy, is_volatile)
+    return fn(Access("load", ptr), lambda: _load(self, ptr, cache_policy, is_volatile))
 
 
 def _create_masked_store(self, ptrs, value, mask, cache_policy):
-    def do():
-        if not (_STATE["fast"] and _fast_store(ptrs, value, mask)):
-            return STOCK["create_masked_store"](self, ptrs, value, mask, cache_policy)
-    return _around(Access("store", ptrs, mask, value=value), do)
+    fn = _STATE["observer"]
+    if fn is None:
+        return _masked_store(self, ptrs, value, mask, cache_policy)
+    return fn(Access("store", ptrs, mask, value=value),
+              lambda: _masked_store(self, ptrs, value, mask, cache_policy))
 
 
 def _create_store(self, ptr, val, cache_policy):
-    def do():
-        if not (_STATE["fast"] and _fast_store(ptr, val, None)):
-            return STOCK["create_store"](self, ptr, val, cache_policy)
-    return _around(Access("store", ptr, value=val), do)
+    fn = _STATE["observer"]
+    if fn is None:
+        return _store(self, ptr, val, cache_policy)
+    return fn(Access("store", ptr, value=val), lambda: _store(self, ptr, val, cache_policy))
 
 
 def _create_atomic_rmw(self, rmwOp, ptr, val, mask, sem, scope):  # noqa: N803 (Triton's name)
-    def do():
-        return STOCK["create_atomic_rmw"](self, rmwOp, ptr, val, mask, sem, scope)
-    return _around(Access("atomic_rmw", ptr, mask, sem=sem, op=rmwOp, value=val), do)
+    fn = _STATE["observer"]
+    stock = STOCK["create_atomic_rmw"]
+    if fn is None:
+        return stock(self, rmwOp, ptr, val, mask, sem, scope)
+    return fn(Access("atomic_rmw", ptr, mask, sem=sem, op=rmwOp, value=val),
+              lambda: stock(self, rmwOp, ptr, val, mask, sem, scope))
 
 
 def _create_atomic_cas(self, ptr, cmp, val, sem, scope):
-    def do():
-        return STOCK["create_atomic_cas"](self, ptr, cmp, val, sem, scope)
-    return _around(Access("atomic_cas", ptr, sem=sem, value=val, cmp=cmp), do)
+    fn = _STATE["observer"]
+    stock = STOCK["create_atomic_cas"]
+    if fn is None:
+        return stock(self, ptr, cmp, val, sem, scope)
+    return fn(Access("atomic_cas", ptr, sem=sem, value=val, cmp=cmp),
+              lambda: stock(self, ptr, cmp, val, sem, scope))
 
 
 PATCHES = {

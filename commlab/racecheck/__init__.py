@@ -114,4 +114,19 @@ def racecheck(wait_timeout: float | None = None):
             shared.close(remove=comm.rank == 0)
 
 
-__all__ = ["DataRaceError", "WaitTimeoutError", "racecheck"]
+def start(wait_timeout: float | None = None) -> None:
+    """``racecheck()`` entered until ``stop()`` (the notebook engine's ``--racecheck``)."""
+    cm = racecheck(wait_timeout=wait_timeout)
+    cm.__enter__()
+    _OPEN.append(cm)
+
+
+def stop() -> None:
+    """Leave the racecheck ``start()`` entered (collective, like leaving the block)."""
+    if _OPEN:
+        _OPEN.pop().__exit__(None, None, None)
+
+
+_OPEN: list = []
+
+__all__ = ["DataRaceError", "WaitTimeoutError", "racecheck", "start", "stop"]
