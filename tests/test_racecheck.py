@@ -58,14 +58,24 @@ def test_the_fixed_kernels_pass(planted, case):
     assert not _texts(planted, case), _texts(planted, case)
 
 
-def test_a_deadlock_raises_wait_timeout_with_the_wait_for_graph_and_the_world_recovers():
-    res = run_world(deadlock_world, 2, timeout=300, env=ENV)
-    for r in res:
+@pytest.fixture(scope="module")
+def deadlocks():
+    return run_world(deadlock_world, 2, timeout=300, env=ENV)
+
+
+def test_a_deadlock_raises_wait_timeout_with_the_wait_for_graph_and_the_world_recovers(
+        deadlocks):
+    for r in deadlocks:
         t = r["text"]
         assert "Wait-for graph" in t and r["usable"]
         assert "rank 0 program 0 at racecheck.py:" in t and "rank 1 program 0 at" in t
         assert "for 1 and holds 0" in t and "could be by rank 1" in t
         assert "Cycle: rank 0 -> rank 1 -> rank 0" in t
+
+
+def test_a_wait_for_a_later_program_of_the_same_launch_is_explained(deadlocks):
+    for r in deadlocks:
+        assert "Programs after 0 of this launch (1 of 2) have not run yet" in r["later"]
 
 
 @pytest.mark.parametrize("world", [2, 3])

@@ -69,6 +69,15 @@ def deadlock_kernel(flag, ctx):
     cl.notify(flag, (me + 1) % cl.num_ranks(ctx), ctx, 1)
 
 
+@triton.jit
+def later_program_kernel(flag, ctx):
+    """Program 0 waits for program 1 of the same launch (fine on a GPU)."""
+    if tl.program_id(0) == 0:
+        cl.wait(flag, 1)
+    else:
+        cl.notify(flag, cl.rank(ctx), ctx, 1)
+
+
 def _fresh(comm):
     buf = commlab.symmetric_zeros((N,), torch.float32)
     flag = commlab.symmetric_zeros((4,), torch.int32)
@@ -133,7 +142,17 @@ def deadlock_world(comm) -> dict:
     comm.recover()
     x = torch.ones(100)
     ok = bool(torch.equal(commlab.all_reduce(x), x * comm.world_size))
-    return {"text": text, "usable": ok}
+    later = ""
+    flag.zero_()
+    commlab.barrier()
+    try:
+        with commlab.racecheck(wait_timeout=1.0):
+            later_program_kernel[(2,)](flag, comm.context)
+    except commlab.WaitTimeoutError as e:
+        later = str(e)
+    comm.recover()
+    ok = ok and bool(torch.equal(commlab.all_reduce(x), x * comm.world_size))
+    return {"text": text, "usable": ok, "later": later}
 
 
 def collectives_world(comm, repeats: int = 2) -> dict:
