@@ -34,4 +34,8 @@ class DataRaceError(CommlabError):
 
 class WaitTimeoutError(CollectiveTimeoutError):
     """A ``cl.wait``/``cl.barrier`` under ``commlab.racecheck(wait_timeout=...)`` stayed
-    unsatisfied; the message holds the wait-for graph."""
+    unsatisfied; the message holds the wait-for graph, ``.graph`` the same as one dict
+    per blocked rank and ``.cycle`` the ranks of a cycle (or [])."""
+
+    graph: list = []
+    cycle: list = []

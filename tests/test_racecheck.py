@@ -71,6 +71,8 @@ def test_a_deadlock_raises_wait_timeout_with_the_wait_for_graph_and_the_world_re
         assert "rank 0 program 0 at racecheck.py:" in t and "rank 1 program 0 at" in t
         assert "for 1 and holds 0" in t and "could be by rank 1" in t
         assert "Cycle: rank 0 -> rank 1 -> rank 0" in t
+        assert r["cycle"] == [0, 1, 0]
+        assert [(n["rank"], n["wants"], n["holds"]) for n in r["graph"]] == [(0, 1, 0), (1, 1, 0)]
 
 
 def test_a_wait_for_a_later_program_of_the_same_launch_is_explained(deadlocks):

@@ -27,7 +27,10 @@ class Waits:
         if chk.wait_timeout is None or chk.waiting is None:
             return
         if time.monotonic() - chk.blocked_since > chk.wait_timeout:
-            raise WaitTimeoutError(self.graph())
+            text, nodes, cycle = self.graph()
+            err = WaitTimeoutError(text)
+            err.graph, err.cycle = nodes, cycle  # for drawing: one dict per blocked rank
+            raise err
 
     def graph(self) -> str:
         chk = self.chk
@@ -48,7 +51,7 @@ class Waits:
         for rec in sh.sync.records:
             if rec[0] == "blocked":
                 blocked[rec[1]] = rec[1:]
-        lines, edges = [], {}
+        lines, edges, nodes = [], {}, []
         for r in sorted(blocked):
             _, p, w, k, want_r, have_r = blocked[r]
             hist = chk.history.get(k, [])
@@ -57,6 +60,9 @@ class Waits:
                 x for x in range(chk.world) if x != r]
             edges[r] = could
             prog = p[0] if p[1] == 0 and p[2] == 0 else p
+            nodes.append({"rank": r, "program": prog, "where": w, "flag_rank": k[0],
+                          "flag_offset": k[1], "wants": want_r, "holds": have_r,
+                          "last_notified_by": last, "could_notify": could})
             lines.append(
                 f"rank {r} program {prog} at {w} waits on rank {k[0]}'s flag at heap offset "
                 f"{k[1]:#x} for {want_r} and holds {have_r}; last notified by "
@@ -69,7 +75,8 @@ class Waits:
         tail += _later_programs(chk, pid)
         return (f"cl.wait/cl.barrier unsatisfied after {chk.wait_timeout:g} s on rank "
                 f"{chk.rank}. Wait-for graph: " + "; ".join(lines) + "." + tail +
-                " Call comm.recover() on every rank before the next collective.")
+                " Call comm.recover() on every rank before the next collective.",
+                nodes, cycle)
 
 
 def _later_programs(chk, pid) -> str:

@@ -133,12 +133,13 @@ def planted_world(comm, only=None) -> dict:
 def deadlock_world(comm) -> dict:
     flag = commlab.symmetric_zeros((4,), torch.int32)
     commlab.barrier()
-    text = ""
+    text, graph, cycle = "", [], []
     try:
         with commlab.racecheck(wait_timeout=1.0):
             deadlock_kernel[(1,)](flag, comm.context)
     except commlab.WaitTimeoutError as e:
         text = str(e)
+        graph, cycle = e.graph, e.cycle
     comm.recover()
     x = torch.ones(100)
     ok = bool(torch.equal(commlab.all_reduce(x), x * comm.world_size))
@@ -152,7 +153,7 @@ def deadlock_world(comm) -> dict:
         later = str(e)
     comm.recover()
     ok = ok and bool(torch.equal(commlab.all_reduce(x), x * comm.world_size))
-    return {"text": text, "usable": ok, "later": later}
+    return {"text": text, "usable": ok, "later": later, "graph": graph, "cycle": cycle}
 
 
 def collectives_world(comm, repeats: int = 2) -> dict:
