@@ -24,9 +24,12 @@ from commlab.errors import (  # noqa: E402
     CollectiveTimeoutError,
     CommlabError,
     CommlabUsageError,
+    DataRaceError,
     HeapFullError,
     RankMismatchError,
+    WaitTimeoutError,
 )
+from commlab.racecheck import racecheck  # noqa: E402
 from commlab.runtime import (  # noqa: E402
     Communicator,
     finalize,
@@ -42,6 +45,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CollectiveTimeoutError", "CommlabError", "CommlabUsageError", "Communicator",
+    "DataRaceError", "WaitTimeoutError", "racecheck",
     "HeapFullError", "RankMismatchError", "all_gather", "all_reduce", "all_to_all",
     "barrier", "broadcast", "finalize", "get_communicator", "init", "reduce_scatter",
     "symmetric_empty", "symmetric_zeros", "trace",

@@ -31,6 +31,20 @@ class BackendUnavailableError(CommlabError):
     """The requested backend cannot run here (e.g. ``cuda`` without a GPU on some rank)."""
 
 
+class DataRaceError(CommlabError):
+    """Two accesses to the same symmetric bytes, at least one a write, not ordered by
+    happens-before (found by ``commlab.racecheck``; the message names both)."""
+
+
+class WaitTimeoutError(CollectiveTimeoutError):
+    """A ``cl.wait``/``cl.barrier`` under ``commlab.racecheck(wait_timeout=...)`` stayed
+    unsatisfied; the message holds the wait-for graph, ``.graph`` the same as one dict
+    per blocked rank and ``.cycle`` the ranks of a cycle (or [])."""
+
+    graph: list = []
+    cycle: list = []
+
+
 # -- short tracebacks in notebooks ---------------------------------------------------------
 # A commlab error raised deep inside commlab reads best as the user's own frames plus the
 # message: %load_ext commlab shows that (``notebook_traceback``), ranks' tracebacks too

@@ -27,6 +27,7 @@ import triton.language as tl
 
 from commlab import _interpreter
 from commlab._interpreter.host import host_wait as _host_wait
+from commlab._interpreter.host import host_wait_begin as _host_wait_begin
 from commlab._interpreter.host import host_yield as _host_yield
 from commlab.runtime import heap as _heap
 
@@ -83,6 +84,8 @@ def notify(ptr, peer, ctx, value, sig_op: tl.constexpr = "set"):
 def wait(ptr, value):
     """Spin until the int32 at local ``ptr`` is >= ``value`` (acquire, system scope):
     what the signaller stored before notifying is visible after this returns."""
+    if INTERPRET:
+        _host_wait_begin(ptr, value)
     while tl.atomic_add(ptr, 0, sem="acquire", scope="sys") < value:
         if INTERPRET:
             _host_wait(ptr, value)

@@ -110,6 +110,9 @@ class DistMagics(Magics):
     @GRACE
     @argument("--trace", action="store_true",
               help="record commlab.trace spans on every rank and show the timeline")
+    @argument("--racecheck", action="store_true",
+              help="run the cell under commlab.racecheck() on every rank: a data race in "
+                   "a kernel raises DataRaceError naming both accesses")
     @cell_magic
     @_usage
     def distributed(self, line, cell):
@@ -135,6 +138,12 @@ class DistMagics(Magics):
         from commlab.engine import DistributedError, HangError
 
         args = parse_argstring(self.distributed, line)
+        if args.racecheck:
+            from commlab.racecheck import start, stop
+
+            if args.ranks is not None:
+                raise UsageError("--racecheck runs on every rank: drop --ranks")
+            _world().apply(start)
         try:
             spans = _world().run_cell(cell, ranks=args.ranks, timeout=args.timeout,
                                       grace=args.grace, trace=args.trace)
@@ -144,6 +153,9 @@ class DistMagics(Magics):
                 # counts the running cell before it runs, so it is one less than the count
                 failed.cell_number = max(1, self.shell.execution_count - 1)
             raise
+        finally:
+            if args.racecheck:
+                _world().apply(stop)
         if args.trace:
             _show_trace(spans)
 

@@ -17,6 +17,8 @@ import triton.language as tl
 import commlab  # noqa: F401  (before the kernels: picks Triton's interpreter on CPU)
 from commlab import _interpreter as _interpret
 from commlab._interpreter import fastmem as _interp_fast
+from commlab._interpreter import memory as _memory
+from commlab._interpreter import selfcheck as _selfcheck
 
 pytestmark = pytest.mark.skipif(not _interpret.interpreting(),
                                 reason="the fast path patches Triton's interpreter (CPU backend)")
@@ -190,8 +192,8 @@ def test_two_dimensional_blocks_take_the_stock_path_unchanged():
 def test_contiguous_blocks_are_copied_as_slices(monkeypatch):
     """The fast path really runs: one slice view per contiguous load and store."""
     views = []
-    real = _interp_fast._view
-    monkeypatch.setattr(_interp_fast, "_view", lambda *a: views.append(a) or real(*a))
+    real = _memory._view
+    monkeypatch.setattr(_memory, "_view", lambda *a: views.append(a) or real(*a))
     x, out = _data(N, torch.float32), torch.empty(N + 8)
     copy_kernel[(1,)](x, out, N, OTHER=0, BLOCK=BLOCK)
     blocks = -(-(N + BLOCK) // BLOCK)
@@ -201,18 +203,19 @@ def test_contiguous_blocks_are_copied_as_slices(monkeypatch):
 def test_a_failed_self_check_leaves_the_stock_interpreter(monkeypatch):
     from triton.runtime import interpreter as ti
 
-    patched = ti.InterpreterBuilder.create_masked_load
+    patched = ti.InterpreterBuilder.create_addptr
     _interp_fast.uninstall()
-    stock = ti.InterpreterBuilder.create_masked_load
+    stock = ti.InterpreterBuilder.create_addptr
+    assert stock is not patched
     try:
-        monkeypatch.setattr(_interp_fast, "_self_check", lambda ti: "result 0 differs")
+        monkeypatch.setattr(_selfcheck, "self_check", lambda ti: "result 0 differs")
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             assert _interp_fast.install() is False
         assert any("self-check failed (result 0 differs)" in str(w.message) for w in caught)
-        assert ti.InterpreterBuilder.create_masked_load is stock
-        assert not _interp_fast.installed()
+        assert ti.InterpreterBuilder.create_addptr is stock
+        assert not _interp_fast.installed() and not _memory._STATE["fast"]
     finally:
         monkeypatch.undo()
         assert _interp_fast.install()
-    assert ti.InterpreterBuilder.create_masked_load is patched
+    assert ti.InterpreterBuilder.create_addptr is patched

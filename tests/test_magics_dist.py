@@ -69,6 +69,25 @@ def test_triton_kernel_defined_in_a_cell_compiles_and_runs_on_every_rank(ip):
     assert "[rank 0] [0.0, 0.0, 0.0, 0.0]" in out and "[rank 1] [1.0, 1.0, 1.0, 1.0]" in out
 
 
+RACY_CELL = (
+    "import commlab.language as cl\n"
+    "@triton.jit\n"
+    "def racy(buf, ctx, N: tl.constexpr):\n"
+    "    offs = tl.arange(0, N)\n"
+    "    tl.store(cl.symm_at(buf + offs, 1, ctx), offs.to(tl.float32))\n"  # both ranks write
+    "buf = commlab.symmetric_zeros((16,))\n"                              # rank 1's buf
+    "commlab.barrier()\n"
+    "racy[(1,)](buf, commlab.get_communicator().context, 16)\n")
+
+
+def test_racecheck_flag_runs_the_cell_under_racecheck_on_every_rank(ip):
+    cell(ip, RACY_CELL)  # unchecked: runs
+    with pytest.raises(DistributedError, match="DataRaceError") as ei:
+        cell(ip, RACY_CELL, "--racecheck")
+    assert "stored to it" in "\n".join(ei.value._render_traceback_())
+    assert_world_works(ip)
+
+
 def test_failing_cell_raises_one_error_grouping_identical_tracebacks(ip):
     with pytest.raises(DistributedError) as ei:
         cell(ip, "a = 1\nb = 0\nif rank >= 0:\n    a / b\n")

@@ -18,12 +18,37 @@ import triton
 
 from commlab._interpreter.choose import interpreting
 
+_WAITS = [None]  # the registered wait observer (racecheck), or None
+
+
+def set_wait_observer(fn) -> None:
+    """``fn(event, addr, value)`` on every spin-wait: ``"begin"`` when ``cl.wait`` starts
+    (the int32 address and the value it waits for), ``"poll"`` at each host-side poll
+    (``addr`` None for the barrier's). It may raise to end the wait."""
+    _WAITS[0] = fn
+
+
+def _scalar(h):
+    a = np.asarray(getattr(h, "data", h))
+    return int(a.flat[0]) if a.size == 1 else None
+
+
 if interpreting():
+
+    def host_wait_begin(ptr, value):
+        """Tell a wait observer what ``cl.wait`` waits for (no-op without one)."""
+        fn = _WAITS[0]
+        if fn is not None:
+            want = getattr(value, "handle", None)
+            fn("begin", _scalar(ptr.handle), _scalar(want if want is not None
+                                                     else getattr(value, "value", value)))
     _spin = [0, 0.0]  # consecutive spins, time of the last one
 
     def host_yield():
         """Give the core to the ranks we wait for: after a short burst of sched_yield
         the waiter sleeps, progressively longer, instead of spinning."""
+        if _WAITS[0] is not None:
+            _WAITS[0]("poll", None, None)
         now = time.perf_counter()
         if now - _spin[1] > 0.005:  # a new wait began
             _spin[0] = 0
@@ -39,6 +64,8 @@ if interpreting():
         memory (a microsecond a look, against ~100 us for an interpreted atomic, and no
         CPU taken from the ranks we wait for). A hint only: it gives up after 2 ms, and
         the caller's atomic re-reads the flag (acquire) either way."""
+        if _WAITS[0] is not None:
+            _WAITS[0]("poll", _scalar(ptr.handle), None)
         addr, want = ptr.handle.data, getattr(value, "handle", None)
         want = want.data if want is not None else np.asarray(getattr(value, "value", value))
         if addr.size != 1 or want.size != 1:
@@ -53,6 +80,10 @@ if interpreting():
             spin += 1
 
 else:
+
+    @triton.jit
+    def host_wait_begin(ptr, value):  # compiled: never reached
+        pass
 
     @triton.jit
     def host_yield():  # compiled: never reached (INTERPRET is False)

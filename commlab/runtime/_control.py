@@ -25,6 +25,7 @@ _HDR = struct.Struct("<qq")  # published seq, signature length
 _SEQ = struct.Struct("<q")
 _LEN = struct.Struct("<q")
 _SIG_MAX = SLOT - _HDR.size
+SYNC_HOOK: list = [None]  # fn(event, rank, seq), "publish" then "join": racecheck's clocks
 
 
 @dataclass
@@ -87,9 +88,11 @@ class ControlBlock:
         _LEN.pack_into(buf, off + 8, len(raw))
         # publish last, with one aligned 8-byte store: a peer that sees seq n also
         # sees the body and length written above (x86 keeps stores in order)
+        SYNC_HOOK[0] and SYNC_HOOK[0]("publish", self.rank, n)
         _SEQ.pack_into(buf, off, n)
         try:
             self._wait_all(n, sig)
+            SYNC_HOOK[0] and SYNC_HOOK[0]("join", self.rank, n)
         except BaseException:
             _SEQ.pack_into(buf, off, n - 2 if n >= 2 else 0)  # withdraw
             raise

@@ -115,6 +115,13 @@ class Arena:
             f"or pass a larger heap_size to commlab.init()"
         )
 
+    def block_at(self, off: int) -> tuple[int, int] | None:
+        """(start, size) of the allocated block holding byte ``off``, or None."""
+        for start, size in self._used.items():
+            if start <= off < start + size:
+                return start, size
+        return None
+
     def free(self, off: int) -> None:
         size = self._used.pop(off)
         i = bisect.bisect_left(self._free, (off, 0))

@@ -1,0 +1,43 @@
+"""Naming things in messages: the kernel line of an access, a symmetric byte range."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_PKG = os.path.dirname(_HERE)
+_SKIP = (os.sep + "triton" + os.sep, os.sep + "numpy" + os.sep, _HERE + os.sep,
+         os.path.join(_PKG, "_interpreter") + os.sep, os.path.join(_PKG, "language.py"))
+
+
+def kernel_line() -> str:
+    """``file:LINE`` of the innermost frame that is kernel code (not Triton, not the
+    device language's own helpers, not the checker)."""
+    f = sys._getframe(2)
+    first = None
+    while f is not None:
+        name = f.f_code.co_filename
+        if not any(s in name for s in _SKIP) and not name.startswith("<frozen"):
+            return f"{os.path.basename(name)}:{f.f_lineno}"
+        if first is None and name.endswith("language.py"):
+            first = f"{os.path.basename(name)}:{f.f_lineno}"
+        f = f.f_back
+    return first or "line ?"
+
+
+def region(heap, owner: int, lo: int, hi: int) -> str:
+    """The symmetric tensor (or reserved region) holding bytes [lo, hi) of ``owner``."""
+    lay = heap.layout
+    if lo >= lay.arena:
+        blk = heap.arena.block_at(lo)
+        if blk is not None:
+            start, size = blk
+            return (f"the symmetric tensor at heap offset {start:#x} ({size} B) on rank "
+                    f"{owner}, bytes {lo - start}..{hi - start - 1}")
+        return f"rank {owner}'s heap bytes {lo:#x}..{hi - 1:#x} (no live tensor)"
+    for name, start in (("scratch", lay.scratch), ("flags", lay.flags),
+                        ("signal pad", lay.signal_pad)):
+        if lo >= start:
+            return f"rank {owner}'s {name} bytes {lo - start}..{hi - start - 1}"
+    return f"rank {owner}'s heap bytes {lo:#x}..{hi - 1:#x}"
