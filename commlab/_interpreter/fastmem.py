@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import os
 import warnings
 
+from commlab import _config
 from commlab._interpreter import blocks, memory, selfcheck
 from commlab._interpreter.stock import STOCK, capture
 
@@ -107,7 +107,7 @@ def install() -> bool:
     """Patch Triton's interpreter builder; return whether the fast path is on."""
     if _INSTALLED:
         return True
-    if os.environ.get("COMMLAB_INTERPRETER_FASTMEM", "1") == "0":
+    if not _config.get("COMMLAB_INTERPRETER_FASTMEM"):
         return False
     from triton.runtime import interpreter as ti
 
