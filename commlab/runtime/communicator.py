@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import gc
 import os
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
-from commlab.errors import CommlabUsageError
+from commlab.errors import CommlabUsageError, RankMismatchError
 from commlab.runtime import _shm
 from commlab.runtime._bootstrap import World, bootstrap
 from commlab.runtime._control import ControlBlock, Signature
@@ -282,18 +283,42 @@ atexit.register(finalize)
 
 def symmetric_empty(shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """A tensor in the symmetric heap: the same offset on every rank, so kernels can reach
-    a peer's copy with ``cl.symm_at``. Collective: every rank allocates in the same order."""
+    a peer's copy with ``cl.symm_at``. Collective: every rank allocates in the same order.
+
+    A block returns to the arena when its last tensor dies, which for a tensor held in a
+    reference cycle is whenever Python's cyclic GC runs: a different moment on each rank.
+    So when the offsets differ but the arguments agree, every rank collects its garbage
+    and allocates again; only a tensor alive on some ranks only still makes them differ."""
     comm = get_communicator()
     shape = (shape,) if isinstance(shape, int) else tuple(int(s) for s in shape)
     if any(s < 0 for s in shape):
         raise CommlabUsageError(f"symmetric_empty: shape must be non-negative, got {shape}")
+    dname = str(dtype).replace("torch.", "")
     t, off = comm.heap.allocate(shape, dtype)
-    comm.control.agree(Signature(
-        "symmetric_empty",
-        {"shape": shape, "dtype": str(dtype).replace("torch.", ""), "heap offset": off},
-        hints={"heap offset": "allocate (and free) symmetric tensors in the same order on "
-                              "every rank, so each lands at the same offset"},
-    ))
+    try:
+        comm.control.agree(Signature(
+            "symmetric_empty", {"shape": shape, "dtype": dname, "heap offset": off}))
+        return t
+    except RankMismatchError:
+        del t  # a failed allocation keeps no block, even while its traceback lives
+    except BaseException:
+        del t
+        raise
+    # every rank is here: the arguments or the offsets differ; the arguments decide which
+    comm.control.agree(Signature("symmetric_empty", {"shape": shape, "dtype": dname}))
+    gc.collect()  # blocks dead in reference cycles return to the arena on every rank
+    t, off = comm.heap.allocate(shape, dtype)
+    try:
+        comm.control.agree(Signature(
+            "symmetric_empty", {"shape": shape, "dtype": dname, "heap offset": off},
+            hints={"heap offset": "the ranks hold different symmetric tensors (one freed, "
+                                  "or kept alive by rank-dependent code, on some ranks only); "
+                                  "allocate and free symmetric tensors in the same order on "
+                                  "every rank"},
+        ))
+    except BaseException:
+        del t
+        raise
     return t
 
 

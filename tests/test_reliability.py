@@ -1,0 +1,21 @@
+"""Reliability: the symmetric heap does not depend on garbage-collection timing, a failed
+allocation leaves nothing behind, and errors say what is true."""
+
+from __future__ import annotations
+
+from commlab.testing import run_world
+from tests.worlds.faults import failed_allocation_world, ping_loop_world
+
+ENV = {"COMMLAB_TIMEOUT": "60"}
+
+
+def test_ping_loop_with_frees_at_rank_dependent_gc_moments_keeps_equal_offsets():
+    res = run_world(ping_loop_world, 2, kwargs={"iters": 30}, timeout=240, env=ENV)
+    assert [r["iters"] for r in res] == [30, 30]
+
+
+def test_a_failed_allocation_kept_in_a_traceback_does_not_break_the_next_one():
+    res = run_world(failed_allocation_world, 2, timeout=180, env=ENV)
+    for r in res:
+        assert "shape differs across ranks" in r["error"], r
+        assert r["tb"] and r["ok"] == (32,)

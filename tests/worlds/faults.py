@@ -1,0 +1,63 @@
+"""Rank functions for tests/test_reliability.py: allocation loops whose frees land at
+rank-dependent moments (cyclic garbage, rank-dependent Python work) and failed allocations."""
+
+from __future__ import annotations
+
+import gc
+
+import torch
+import triton
+import triton.language as tl
+
+import commlab
+import commlab.language as cl
+from commlab.errors import RankMismatchError
+
+
+@triton.jit
+def _ping_kernel(buf_ptr, flag_ptr, ctx, BLOCK: tl.constexpr):
+    me, world = cl.rank(ctx), cl.num_ranks(ctx)
+    right = (me + 1) % world
+    offs = tl.arange(0, BLOCK)
+    tl.store(cl.symm_at(buf_ptr + offs, right, ctx), tl.zeros((BLOCK,), tl.float32) + me)
+    cl.notify(flag_ptr, right, ctx, 1, sig_op="add")
+    cl.wait(flag_ptr, 1)
+
+
+class _Cycle:
+    """Holds a tensor from a reference cycle: freed only when the cyclic GC runs."""
+
+    def __init__(self, t):
+        self.t, self.me = t, self
+
+
+def ping_loop_world(comm, iters: int = 30) -> dict:
+    """The README's ping in a loop; each iteration's blocks die inside reference cycles and
+    rank 0 does extra Python work, so the cyclic GC runs at different moments per rank."""
+    gc.set_threshold(50, 5, 5)
+    left = (comm.rank - 1) % comm.world_size
+    for i in range(iters):
+        buf = commlab.symmetric_zeros((128,))
+        flag = commlab.symmetric_zeros((1,), dtype=torch.int32)
+        _ping_kernel[(1,)](buf, flag, comm.context, BLOCK=128)
+        assert torch.all(buf == left), (i, buf[:4])
+        _Cycle(buf), _Cycle(flag)
+        del buf, flag
+        if comm.rank == 0:
+            junk = [[j] for j in range(200)]  # rank-dependent allocations drive the GC
+            for j in junk:
+                j.append(j)
+            print(f"iteration {i}", flush=True) if i % 10 == 0 else None
+    return {"iters": iters}
+
+
+def failed_allocation_world(comm) -> dict:
+    """A symmetric_zeros whose shape differs across ranks, its error kept alive (as IPython
+    keeps sys.last_traceback), then a correct allocation."""
+    kept = None
+    try:
+        commlab.symmetric_zeros((64 + 64 * comm.rank,))
+    except RankMismatchError as e:
+        kept = e  # the traceback lives on, with its frames
+    t = commlab.symmetric_zeros((32,))
+    return {"error": str(kept), "ok": tuple(t.shape), "tb": kept.__traceback__ is not None}
