@@ -3,8 +3,16 @@ allocation leaves nothing behind, and errors say what is true."""
 
 from __future__ import annotations
 
-from commlab.testing import run_world
-from tests.worlds.faults import failed_allocation_world, ping_loop_world
+import time
+
+import pytest
+
+from commlab.testing import WorldError, run_world
+from tests.worlds.faults import (
+    failed_allocation_world,
+    killed_inside_kernel_world,
+    ping_loop_world,
+)
 
 ENV = {"COMMLAB_TIMEOUT": "60"}
 
@@ -19,3 +27,15 @@ def test_a_failed_allocation_kept_in_a_traceback_does_not_break_the_next_one():
     for r in res:
         assert "shape differs across ranks" in r["error"], r
         assert r["tb"] and r["ok"] == (32,)
+
+
+def test_a_rank_killed_while_a_peer_waits_inside_a_kernel_raises_naming_it_within_seconds():
+    t0 = time.monotonic()
+    with pytest.raises(WorldError) as ei:
+        run_world(killed_inside_kernel_world, 2, timeout=120, env=ENV)
+    took = time.monotonic() - t0
+    f = ei.value.failures
+    assert "died" in f[1], f
+    # the survivor's kernel wait raised, naming the dead rank, long before COMMLAB_TIMEOUT
+    assert "CollectiveTimeoutError" in f[0] and "rank(s) 1 died" in f[0], f
+    assert took < 50, took

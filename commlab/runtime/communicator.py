@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from commlab.errors import CommlabUsageError, RankMismatchError
+from commlab._interpreter import liveness
+from commlab.errors import CollectiveTimeoutError, CommlabUsageError, RankMismatchError
 from commlab.runtime import _shm
 from commlab.runtime._bootstrap import World, bootstrap
 from commlab.runtime._control import ControlBlock, Signature
@@ -105,6 +106,8 @@ class Communicator:
         except Exception:  # a broken device must not stop the rest of the cleanup
             pass
         self.heap.closed = True
+        if self.backend == "cpu":
+            liveness.set_watch(None)
         self.plans.clear()
         self._keep.clear()
         if self._world is not None and self._world.owns_pg and dist.is_initialized():
@@ -166,7 +169,35 @@ def init(backend: str = "auto", *, heap_size=None, scratch_size=None,
     comm = Communicator(world.rank, world.world_size, world.backend, world.device, ctx, heap,
                         control, world.group, world.cpu_group, world.local_rank, world, keep)
     _COMM = comm
+    if world.backend == "cpu":
+        liveness.set_watch(_peer_watch(world, timeout, _exchange(world, os.getpid())))
     return comm
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")  # zombie: dead
+    except OSError:
+        return False
+
+
+def _peer_watch(world: World, timeout: float, pids: list[int]):
+    """The CPU backend's check for waits inside kernels (ranks are processes of one host):
+    a dead peer, or a wait longer than the communicator's timeout, raises."""
+    def watch(waited: float) -> None:
+        dead = [r for r, p in enumerate(pids) if r != world.rank and not _alive(p)]
+        if dead:
+            raise CollectiveTimeoutError(
+                f"rank {world.rank}: a wait inside a kernel cannot finish: rank(s) "
+                f"{', '.join(map(str, dead))} died (pid {', '.join(str(pids[r]) for r in dead)});"
+                f" restart the world")
+        if waited > timeout:
+            raise CollectiveTimeoutError(
+                f"rank {world.rank}: a wait inside a kernel got no signal within {timeout:g} s;"
+                f" a peer is stuck or did not launch the same kernel; check for a "
+                f"rank-dependent branch, or raise the limit with commlab.init(timeout=...)")
+    return watch
 
 
 def _exchange(world: World, obj) -> list:

@@ -61,3 +61,18 @@ def failed_allocation_world(comm) -> dict:
         kept = e  # the traceback lives on, with its frames
     t = commlab.symmetric_zeros((32,))
     return {"error": str(kept), "ok": tuple(t.shape), "tb": kept.__traceback__ is not None}
+
+
+def killed_inside_kernel_world(comm) -> dict:
+    """Rank 1 is SIGKILLed after allocating; rank 0's kernel waits for its signal."""
+    import os
+    import signal
+    import time
+
+    buf = commlab.symmetric_zeros((128,))
+    flag = commlab.symmetric_zeros((1,), dtype=torch.int32)
+    if comm.rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(0.5)
+    _ping_kernel[(1,)](buf, flag, comm.context, BLOCK=128)  # raises: rank 1 is dead
+    return {}
