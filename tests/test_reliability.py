@@ -11,6 +11,7 @@ from commlab.testing import WorldError, run_world
 from tests.worlds.faults import (
     failed_allocation_world,
     killed_inside_kernel_world,
+    listeners_world,
     ping_loop_world,
 )
 
@@ -39,3 +40,15 @@ def test_a_rank_killed_while_a_peer_waits_inside_a_kernel_raises_naming_it_withi
     # the survivor's kernel wait raised, naming the dead rank, long before COMMLAB_TIMEOUT
     assert "CollectiveTimeoutError" in f[0] and "rank(s) 1 died" in f[0], f
     assert took < 50, took
+
+
+_LOOPBACK = ("0100007F", "00000000000000000000000001000000", "0000000000000000FFFF00000100007F")
+
+
+def test_after_init_no_rank_listens_on_a_non_loopback_address():
+    res = run_world(listeners_world, 2, timeout=120, env=ENV)
+    store = [a for a, p in res[0]["listening"] if p == res[0]["port"]]
+    assert store and all(a in _LOOPBACK for a in store), res[0]
+    for r in res:
+        outside = [(a, p) for a, p in r["listening"] if a not in _LOOPBACK]
+        assert not outside, r

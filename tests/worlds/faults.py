@@ -76,3 +76,31 @@ def killed_inside_kernel_world(comm) -> dict:
     time.sleep(0.5)
     _ping_kernel[(1,)](buf, flag, comm.context, BLOCK=128)  # raises: rank 1 is dead
     return {}
+
+
+def _own_listeners() -> list[tuple[str, int]]:
+    """(address hex, port) of every socket this process listens on (/proc/net/tcp{,6})."""
+    import os
+
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+    out = []
+    for path in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in open(path).read().splitlines()[1:]:
+            f = line.split()
+            if f[3] == "0A" and f[9] in inodes:  # LISTEN
+                addr, port = f[1].split(":")
+                out.append((addr, int(port, 16)))
+    return out
+
+
+def listeners_world(comm) -> dict:
+    import os
+
+    return {"port": int(os.environ["MASTER_PORT"]), "listening": _own_listeners()}
