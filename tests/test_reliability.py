@@ -9,6 +9,7 @@ import pytest
 
 from commlab.testing import WorldError, run_world
 from tests.worlds.faults import (
+    bad_symm_at_world,
     failed_allocation_world,
     killed_inside_kernel_world,
     listeners_world,
@@ -52,3 +53,10 @@ def test_after_init_no_rank_listens_on_a_non_loopback_address():
     for r in res:
         outside = [(a, p) for a, p in r["listening"] if a not in _LOOPBACK]
         assert not outside, r
+
+
+def test_symm_at_with_a_peer_outside_the_world_or_a_non_heap_pointer_raises_not_segfaults():
+    res = run_world(bad_symm_at_world, 2, timeout=120, env=ENV)
+    for r in res:
+        assert "peer 5 is outside the world (ranks 0..1)" in r["peer"], r
+        assert "outside the symmetric heap" in r["pointer"], r

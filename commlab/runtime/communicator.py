@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from commlab._interpreter import liveness
+from commlab._interpreter import bounds, liveness
 from commlab.errors import CollectiveTimeoutError, CommlabUsageError, RankMismatchError
 from commlab.runtime import _shm
 from commlab.runtime._bootstrap import World, bootstrap
@@ -170,6 +170,7 @@ def init(backend: str = "auto", *, heap_size=None, scratch_size=None,
                         control, world.group, world.cpu_group, world.local_rank, world, keep)
     _COMM = comm
     if world.backend == "cpu":
+        bounds.set_heap_size(layout.size)
         liveness.set_watch(_peer_watch(world, timeout, _exchange(world, os.getpid())))
     return comm
 

@@ -104,3 +104,21 @@ def listeners_world(comm) -> dict:
     import os
 
     return {"port": int(os.environ["MASTER_PORT"]), "listening": _own_listeners()}
+
+
+@triton.jit
+def _store_at_peer_kernel(t_ptr, peer, ctx):
+    tl.store(cl.symm_at(t_ptr, peer, ctx), 1.0)
+
+
+def bad_symm_at_world(comm) -> dict:
+    """symm_at with a peer outside the world, then with an ordinary (non-heap) tensor."""
+    t = commlab.symmetric_zeros((4,))
+    out = {}
+    for name, args in (("peer", (t, comm.world_size + 3)), ("pointer", (torch.zeros(4), 0))):
+        try:
+            _store_at_peer_kernel[(1,)](args[0], args[1], comm.context)
+            out[name] = ""
+        except Exception as e:  # noqa: BLE001 - the interpreter wraps it; the text decides
+            out[name] = f"{type(e).__name__}: {e}"
+    return out
