@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from commlab import _interpreter
+from commlab._interpreter.bounds import host_check_symm as _host_check_symm
 from commlab._interpreter.host import host_wait as _host_wait
 from commlab._interpreter.host import host_wait_begin as _host_wait_begin
 from commlab._interpreter.host import host_yield as _host_yield
@@ -57,6 +58,8 @@ def num_ranks(ctx):
 @triton.jit
 def symm_at(ptr, peer, ctx):
     """The address of the same symmetric location (``ptr``) in ``peer``'s heap."""
+    if INTERPRET:
+        _host_check_symm(ptr, peer, ctx)
     me = tl.load(ctx)
     delta = tl.load(ctx + CTX_BASES + peer) - tl.load(ctx + CTX_BASES + me)
     byte_ptr = ptr.to(tl.pointer_type(tl.int8), bitcast=True)

@@ -94,6 +94,8 @@ def run_world(fn, world_size: int, args: tuple = (), kwargs: dict | None = None,
                         if not p.is_alive() and p.exitcode not in (0, None) and r not in got]
                 for r in dead:
                     got[r] = (False, f"rank {r} died with exit code {procs[r].exitcode}")
+                if dead:  # the others cannot finish: give them a moment to report
+                    deadline = min(deadline, time.monotonic() + 10)
                 continue
             got[rank] = (ok, payload)
             if not ok:  # one rank failed: give the others a moment to report, then stop

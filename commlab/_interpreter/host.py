@@ -16,6 +16,7 @@ import time
 import numpy as np
 import triton
 
+from commlab._interpreter import liveness
 from commlab._interpreter.choose import interpreting
 
 _WAITS = [None]  # the registered wait observer (racecheck), or None
@@ -78,6 +79,8 @@ if interpreting():
             else:
                 time.sleep(0.00005)
             spin += 1
+        if cell.value < want:
+            liveness.check(int(addr.flat[0]), want)  # a dead or silent peer raises here
 
 else:
 

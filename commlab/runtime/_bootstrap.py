@@ -8,6 +8,7 @@ one process (rank 0 of 1), which is handy for teaching and for a first try.
 from __future__ import annotations
 
 import os
+import socket
 import uuid
 from dataclasses import dataclass
 from datetime import timedelta
@@ -39,6 +40,7 @@ class World:
 # surviving processes with fresh ones on a new MASTER_PORT (the notebook's resize).
 _STORES: dict[tuple[str, int], dist.Store] = {}
 _GENERATIONS: dict[object, int] = {}
+_SOCKETS: list[socket.socket] = []  # the stores' listening sockets
 
 # A torch.distributed backend built on commlab (commlab.torch_backend) names the groups
 # the Communicator of its default group uses; None when the default group is not its own.
@@ -51,6 +53,19 @@ def set_group_source(fn) -> None:
     the Communicator should use in place of the default group."""
     global _GROUP_SOURCE
     _GROUP_SOURCE = fn
+
+
+def _listen(addr: str, port: int) -> socket.socket:
+    """A socket listening on MASTER_ADDR only (torch's own server would listen on every
+    interface): on one host the store is out of other machines' reach. Kept open with the
+    store."""
+    host = socket.gethostbyname(addr)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(512)
+    _SOCKETS.append(sock)
+    return sock
 
 
 def _env_int(name: str) -> int | None:
@@ -90,9 +105,10 @@ def bootstrap(backend: str, timeout_s: float) -> World:
         agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
         key = (addr, port)
         if key not in _STORES:
-            _STORES[key] = dist.TCPStore(addr, port, world_size,
-                                         is_master=(rank == 0 and not agent_store),
-                                         timeout=timeout)
+            master = rank == 0 and not agent_store
+            extra = {"master_listen_fd": _listen(addr, port).fileno()} if master else {}
+            _STORES[key] = dist.TCPStore(addr, port, world_size, is_master=master,
+                                         timeout=timeout, **extra)
         store = _STORES[key]
     _GENERATIONS[key] = generation = _GENERATIONS.get(key, 0) + 1 if key else 1
     store = dist.PrefixStore(f"commlab/{generation}", store)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import gc
 import os
 from dataclasses import dataclass, field
 
@@ -12,7 +13,8 @@ import torch.distributed as dist
 
 from commlab import _config
 from commlab._config import parse_size
-from commlab.errors import CommlabUsageError
+from commlab._interpreter import bounds, liveness
+from commlab.errors import CollectiveTimeoutError, CommlabUsageError, RankMismatchError
 from commlab.runtime import _shm
 from commlab.runtime._bootstrap import World, bootstrap
 from commlab.runtime._control import ControlBlock, Signature
@@ -94,6 +96,8 @@ class Communicator:
         except Exception:  # a broken device must not stop the rest of the cleanup
             pass
         self.heap.closed = True
+        if self.backend == "cpu":
+            liveness.set_watch(None)
         self.plans.clear()
         self._keep.clear()
         if self._world is not None and self._world.owns_pg and dist.is_initialized():
@@ -155,7 +159,36 @@ def init(backend: str = "auto", *, heap_size=None, scratch_size=None,
     comm = Communicator(world.rank, world.world_size, world.backend, world.device, ctx, heap,
                         control, world.group, world.cpu_group, world.local_rank, world, keep)
     _COMM = comm
+    if world.backend == "cpu":
+        bounds.set_heap_size(layout.size)
+        liveness.set_watch(_peer_watch(world, timeout, _exchange(world, os.getpid())))
     return comm
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")  # zombie: dead
+    except OSError:
+        return False
+
+
+def _peer_watch(world: World, timeout: float, pids: list[int]):
+    """The CPU backend's check for waits inside kernels (ranks are processes of one host):
+    a dead peer, or a wait longer than the communicator's timeout, raises."""
+    def watch(waited: float) -> None:
+        dead = [r for r, p in enumerate(pids) if r != world.rank and not _alive(p)]
+        if dead:
+            raise CollectiveTimeoutError(
+                f"rank {world.rank}: a wait inside a kernel cannot finish: rank(s) "
+                f"{', '.join(map(str, dead))} died (pid {', '.join(str(pids[r]) for r in dead)});"
+                f" restart the world")
+        if waited > timeout:
+            raise CollectiveTimeoutError(
+                f"rank {world.rank}: a wait inside a kernel got no signal within {timeout:g} s;"
+                f" a peer is stuck or did not launch the same kernel; check for a "
+                f"rank-dependent branch, or raise the limit with commlab.init(timeout=...)")
+    return watch
 
 
 def _exchange(world: World, obj) -> list:
@@ -272,18 +305,42 @@ atexit.register(finalize)
 
 def symmetric_empty(shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """A tensor in the symmetric heap: the same offset on every rank, so kernels can reach
-    a peer's copy with ``cl.symm_at``. Collective: every rank allocates in the same order."""
+    a peer's copy with ``cl.symm_at``. Collective: every rank allocates in the same order.
+
+    A block returns to the arena when its last tensor dies, which for a tensor held in a
+    reference cycle is whenever Python's cyclic GC runs: a different moment on each rank.
+    So when the offsets differ but the arguments agree, every rank collects its garbage
+    and allocates again; only a tensor alive on some ranks only still makes them differ."""
     comm = get_communicator()
     shape = (shape,) if isinstance(shape, int) else tuple(int(s) for s in shape)
     if any(s < 0 for s in shape):
         raise CommlabUsageError(f"symmetric_empty: shape must be non-negative, got {shape}")
+    dname = str(dtype).replace("torch.", "")
     t, off = comm.heap.allocate(shape, dtype)
-    comm.control.agree(Signature(
-        "symmetric_empty",
-        {"shape": shape, "dtype": str(dtype).replace("torch.", ""), "heap offset": off},
-        hints={"heap offset": "allocate (and free) symmetric tensors in the same order on "
-                              "every rank, so each lands at the same offset"},
-    ))
+    try:
+        comm.control.agree(Signature(
+            "symmetric_empty", {"shape": shape, "dtype": dname, "heap offset": off}))
+        return t
+    except RankMismatchError:
+        del t  # a failed allocation keeps no block, even while its traceback lives
+    except BaseException:
+        del t
+        raise
+    # every rank is here: the arguments or the offsets differ; the arguments decide which
+    comm.control.agree(Signature("symmetric_empty", {"shape": shape, "dtype": dname}))
+    gc.collect()  # blocks dead in reference cycles return to the arena on every rank
+    t, off = comm.heap.allocate(shape, dtype)
+    try:
+        comm.control.agree(Signature(
+            "symmetric_empty", {"shape": shape, "dtype": dname, "heap offset": off},
+            hints={"heap offset": "the ranks hold different symmetric tensors (one freed, "
+                                  "or kept alive by rank-dependent code, on some ranks only); "
+                                  "allocate and free symmetric tensors in the same order on "
+                                  "every rank"},
+        ))
+    except BaseException:
+        del t
+        raise
     return t
 
 

@@ -1,0 +1,62 @@
+"""Reliability: the symmetric heap does not depend on garbage-collection timing, a failed
+allocation leaves nothing behind, and errors say what is true."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from commlab.testing import WorldError, run_world
+from tests.worlds.faults import (
+    bad_symm_at_world,
+    failed_allocation_world,
+    killed_inside_kernel_world,
+    listeners_world,
+    ping_loop_world,
+)
+
+ENV = {"COMMLAB_TIMEOUT": "60"}
+
+
+def test_ping_loop_with_frees_at_rank_dependent_gc_moments_keeps_equal_offsets():
+    res = run_world(ping_loop_world, 2, kwargs={"iters": 30}, timeout=240, env=ENV)
+    assert [r["iters"] for r in res] == [30, 30]
+
+
+def test_a_failed_allocation_kept_in_a_traceback_does_not_break_the_next_one():
+    res = run_world(failed_allocation_world, 2, timeout=180, env=ENV)
+    for r in res:
+        assert "shape differs across ranks" in r["error"], r
+        assert r["tb"] and r["ok"] == (32,)
+
+
+def test_a_rank_killed_while_a_peer_waits_inside_a_kernel_raises_naming_it_within_seconds():
+    t0 = time.monotonic()
+    with pytest.raises(WorldError) as ei:
+        run_world(killed_inside_kernel_world, 2, timeout=120, env=ENV)
+    took = time.monotonic() - t0
+    f = ei.value.failures
+    assert "died" in f[1], f
+    # the survivor's kernel wait raised, naming the dead rank, long before COMMLAB_TIMEOUT
+    assert "CollectiveTimeoutError" in f[0] and "rank(s) 1 died" in f[0], f
+    assert took < 50, took
+
+
+_LOOPBACK = ("0100007F", "00000000000000000000000001000000", "0000000000000000FFFF00000100007F")
+
+
+def test_after_init_no_rank_listens_on_a_non_loopback_address():
+    res = run_world(listeners_world, 2, timeout=120, env=ENV)
+    store = [a for a, p in res[0]["listening"] if p == res[0]["port"]]
+    assert store and all(a in _LOOPBACK for a in store), res[0]
+    for r in res:
+        outside = [(a, p) for a, p in r["listening"] if a not in _LOOPBACK]
+        assert not outside, r
+
+
+def test_symm_at_with_a_peer_outside_the_world_or_a_non_heap_pointer_raises_not_segfaults():
+    res = run_world(bad_symm_at_world, 2, timeout=120, env=ENV)
+    for r in res:
+        assert "peer 5 is outside the world (ranks 0..1)" in r["peer"], r
+        assert "outside the symmetric heap" in r["pointer"], r
