@@ -21,6 +21,8 @@ SECTIONS = {
     "shape_mismatch": "shapes differing across ranks name the ranks and their shapes",
     "shape_mismatch_all_gather": "all_gather shapes differing name the ranks",
     "dtype_mismatch": "dtypes differing across ranks are named",
+    "long_signature_op_mismatch": "an op differing is caught when the shape fills the slot",
+    "long_signature_shape_mismatch": "a shape differing past the slot's end is caught (digest)",
     "indivisible_dim0": "reduce_scatter/all_to_all need dim 0 divisible by the world",
     "unsupported_dtype": "float64 and int64 are refused with the supported list",
     "unsupported_dtype_on_one_rank": "a local error on one rank is raised on every rank",

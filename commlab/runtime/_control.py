@@ -8,12 +8,17 @@ argument on one rank raises a clear error on *every* rank before any kernel laun
 and a collective called on only some ranks ends in a ``CollectiveTimeoutError`` that
 says who is missing and where they are, instead of a silent hang.
 
+A signature longer than its slot keeps its first bytes (short fields first, so the op,
+dtype and parameters survive a long shape) and ends with a digest of the whole encoding:
+two calls that differ anywhere, even past the slot's end, never publish the same bytes.
+
 Two slots suffice: a rank can only publish ``n + 2`` after passing check ``n + 1``,
 which needs every peer to have published ``n + 1``, i.e. to have finished reading ``n``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import struct
 import time
 from dataclasses import dataclass, field
@@ -25,6 +30,8 @@ _HDR = struct.Struct("<qq")  # published seq, signature length
 _SEQ = struct.Struct("<q")
 _LEN = struct.Struct("<q")
 _SIG_MAX = SLOT - _HDR.size
+_CUT = b"\x1d"  # ends the kept prefix of a long signature; its digest follows
+_DIGEST = 16  # bytes of blake2b, written as hex
 
 
 @dataclass
@@ -35,17 +42,30 @@ class Signature:
     hints: dict = field(default_factory=dict)  # field name -> the fix, when it differs
 
     def encode(self) -> bytes:
+        items = sorted(self.fields.items(), key=lambda kv: len(str(kv[1])))  # long last
         body = self.op + "\x1f" + self.error + "\x1f" + "\x1e".join(
-            f"{k}={v}" for k, v in self.fields.items()
+            f"{k}={v}" for k, v in items
         )
         raw = body.encode()
-        return raw[:_SIG_MAX]
+        if len(raw) <= _SIG_MAX:
+            return raw
+        digest = hashlib.blake2b(raw, digest_size=_DIGEST).hexdigest().encode()
+        return raw[: _SIG_MAX - len(_CUT) - len(digest)] + _CUT + digest
 
     @staticmethod
     def decode(raw: bytes) -> Signature:
-        op, error, rest = raw.decode(errors="replace").split("\x1f", 2)
-        fields = dict(kv.split("=", 1) for kv in rest.split("\x1e") if "=" in kv)
-        return Signature(op, fields, error)
+        """The fields a (possibly cut) encoding still holds whole; ``hints["cut"]`` is set
+        when the encoding was cut (its last field dropped, being partial)."""
+        cut = _CUT in raw
+        if cut:
+            raw = raw[: raw.rindex(_CUT)]
+        parts = raw.decode(errors="replace").split("\x1f", 2) + ["", ""]
+        op, error, rest = parts[:3]
+        kvs = rest.split("\x1e")
+        if cut:
+            kvs = kvs[:-1]
+        fields = dict(kv.split("=", 1) for kv in kvs if "=" in kv)
+        return Signature(op, fields, error, {"cut": "1"} if cut else {})
 
 
 def _ranks_str(ranks: list[int]) -> str:
@@ -97,7 +117,7 @@ class ControlBlock:
         # fast path: every peer published byte-identical arguments and no local error
         if sig.error or any(self._raw(r, n) != raw for r in range(self.world_size)
                             if r != self.rank):
-            self._compare(n, sig)
+            self._compare(n, sig, raw)
         return n
 
     def _raw(self, rank: int, seq: int) -> bytes:
@@ -138,8 +158,11 @@ class ControlBlock:
             f"branch around it, or raise the limit with commlab.init(timeout=...)"
         )
 
-    def _compare(self, n: int, mine: Signature) -> None:
+    def _compare(self, n: int, mine: Signature, raw: bytes) -> None:
         sigs = [mine if r == self.rank else self._read(r, n) for r in range(self.world_size)]
+        if _CUT in raw or any("cut" in s.hints for s in sigs):
+            # compare what every encoding holds whole; the digests decide the rest
+            sigs = [Signature.decode(raw) if r == self.rank else s for r, s in enumerate(sigs)]
         errors = [(r, s.error) for r, s in enumerate(sigs) if s.error]
         if errors:
             groups: dict[str, list[int]] = {}
@@ -154,7 +177,10 @@ class ControlBlock:
                 f"collective #{n}: ranks called different collectives ({by}); every rank must "
                 f"call the same collectives in the same order"
             )
+        cut = any("cut" in s.hints for s in sigs)
         for key in mine.fields:
+            if cut and any(key not in s.fields for s in sigs):
+                continue  # cut off on some rank: the digest below covers it
             vals = [str(mine.fields[key]) if r == self.rank else s.fields.get(key, "?")
                     for r, s in enumerate(sigs)]
             if len(set(vals)) > 1:
@@ -164,6 +190,17 @@ class ControlBlock:
                 shown = ", ".join(f"{_ranks_str(rs)}: {v}" for v, rs in groups.items())
                 fix = mine.hints.get(key, f"pass the same {key} on every rank")
                 raise RankMismatchError(f"{mine.op}: {key} differs across ranks ({shown}); {fix}")
+        # every whole field agrees, yet the encodings differ: in a part too long to show
+        raws = [raw if r == self.rank else self._raw(r, n) for r in range(self.world_size)]
+        groups = {}
+        for r, b in enumerate(raws):
+            groups.setdefault(b[-2 * _DIGEST:].decode(errors="replace"), []).append(r)
+        long = [k for k, v in mine.fields.items() if len(str(v)) > 64] or list(mine.fields)
+        shown = ", ".join(f"{_ranks_str(rs)}: digest {d[:8]}" for d, rs in groups.items())
+        raise RankMismatchError(
+            f"{mine.op}: arguments differ across ranks in a field too long for the "
+            f"agreement slot to show ({', '.join(long)}; {shown}); pass the same "
+            f"{', '.join(long)} on every rank (compare them with a print on each rank)")
 
     def reset(self) -> None:
         """Forget the sequence (all ranks call this together, e.g. after a recovery)."""

@@ -52,6 +52,13 @@ def errors_world(comm) -> dict:
     _expect(checks, "dtype_mismatch",
             lambda: commlab.all_reduce(x.half() if rank == 2 else x),
             commlab.RankMismatchError, "dtype", "float16", "float32", "rank 2")
+    deep = (1,) * 80  # its signature is longer than an agreement slot
+    _expect(checks, "long_signature_op_mismatch",
+            lambda: commlab.all_reduce(torch.ones(deep), op="max" if rank == 1 else "sum"),
+            commlab.RankMismatchError, "op differs", "rank 1: max", "sum")
+    _expect(checks, "long_signature_shape_mismatch",
+            lambda: commlab.all_reduce(torch.ones(deep[:-1] + (1 + (rank == 2),))),
+            commlab.RankMismatchError, "differ across ranks", "shape", "rank 2")
     for op in ("reduce_scatter", "all_to_all"):
         _expect(checks, "indivisible_dim0",
                 lambda op=op: getattr(commlab, op)(torch.ones(world + 1, 3)),
