@@ -32,6 +32,7 @@ SECTIONS = {
     "algorithm_none": "algorithm=None is refused on every rank as an argument error",
     "broadcast_src_out_of_range": "broadcast src outside 0..W-1 is refused",
     "heap_full": "heap full names requested and free bytes",
+    "heap_full_on_one_rank": "a full heap on one rank is raised on every rank, in step",
     "allocation_order": "symmetric allocations in different orders are caught",
     "timeout": "a missing rank is named after the timeout and recover() heals the world",
 }

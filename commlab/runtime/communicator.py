@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from commlab.errors import CommlabUsageError
+from commlab.errors import CommlabUsageError, HeapFullError, RankMismatchError
 from commlab.runtime import _shm
 from commlab.runtime._bootstrap import World, bootstrap
 from commlab.runtime._control import ControlBlock, Signature
@@ -287,13 +287,22 @@ def symmetric_empty(shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     shape = (shape,) if isinstance(shape, int) else tuple(int(s) for s in shape)
     if any(s < 0 for s in shape):
         raise CommlabUsageError(f"symmetric_empty: shape must be non-negative, got {shape}")
-    t, off = comm.heap.allocate(shape, dtype)
-    comm.control.agree(Signature(
-        "symmetric_empty",
-        {"shape": shape, "dtype": str(dtype).replace("torch.", ""), "heap offset": off},
-        hints={"heap offset": "allocate (and free) symmetric tensors in the same order on "
-                              "every rank, so each lands at the same offset"},
-    ))
+    try:
+        t, off, err = *comm.heap.allocate(shape, dtype), ""
+    except HeapFullError as e:  # published, so every rank raises it and stays in step
+        t, off, err = None, -1, str(e)
+    try:
+        comm.control.agree(Signature(
+            "symmetric_empty",
+            {"shape": shape, "dtype": str(dtype).replace("torch.", ""), "heap offset": off},
+            err,
+            hints={"heap offset": "allocate (and free) symmetric tensors in the same order "
+                                  "on every rank, so each lands at the same offset"},
+        ))
+    except RankMismatchError as e:
+        if t is None:
+            raise HeapFullError(str(e)) from None
+        raise
     return t
 
 

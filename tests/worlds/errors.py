@@ -97,6 +97,9 @@ def errors_world(comm) -> dict:
     _expect(checks, "heap_full",
             lambda: commlab.symmetric_empty((1 << 30,), torch.float32),
             commlab.HeapFullError, "requested", str(4 << 30), "free")
+    _expect(checks, "heap_full_on_one_rank",
+            lambda: commlab.symmetric_empty((1 << 30,) if rank == 1 else (64,)),
+            commlab.CommlabError, "symmetric_empty", "on rank 1", "heap full", "requested")
     _expect(checks, "allocation_order", lambda: _allocate_out_of_order(rank),
             commlab.RankMismatchError, "heap offset", "same order")
     with checks.case("allocation_order", "symmetric allocation works afterwards"):
