@@ -10,6 +10,7 @@ import torch
 from commlab.testing import WorldError, run_world
 from tests.conftest import assert_checks
 from tests.worlds.errors import cuda_world, errors_world
+from tests.worlds.threads import two_threads_world
 
 
 @pytest.fixture(scope="module")
@@ -53,3 +54,8 @@ def test_cuda_backend_without_gpus_raises_backend_unavailable_on_every_rank():
     for rank, text in failures.items():
         assert "BackendUnavailableError" in text, (rank, text)
         assert "backend='cpu'" in text, (rank, text)  # the message says the fix
+
+
+def test_second_thread_calling_a_collective_is_refused_and_world_stays_usable():
+    results = run_world(two_threads_world, 2, timeout=120, env={"COMMLAB_TIMEOUT": "30"})
+    assert_checks(results, "two_threads")

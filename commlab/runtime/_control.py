@@ -12,6 +12,11 @@ A signature longer than its slot keeps its first bytes (short fields first, so t
 dtype and parameters survive a long shape) and ends with a digest of the whole encoding:
 two calls that differ anywhere, even past the slot's end, never publish the same bytes.
 
+One thread at a time: a second thread entering the agreement of a communicator while
+another is inside it is refused with a ``CommlabUsageError`` (two threads would publish
+into one sequence and break the world for good). Call a communicator's collectives from
+one thread, or serialize them with your own lock in the same order on every rank.
+
 Two slots suffice: a rank can only publish ``n + 2`` after passing check ``n + 1``,
 which needs every peer to have published ``n + 1``, i.e. to have finished reading ``n``.
 """
@@ -20,10 +25,11 @@ from __future__ import annotations
 
 import hashlib
 import struct
+import threading
 import time
 from dataclasses import dataclass, field
 
-from commlab.errors import CollectiveTimeoutError, RankMismatchError
+from commlab.errors import CollectiveTimeoutError, CommlabUsageError, RankMismatchError
 
 SLOT = 256
 _HDR = struct.Struct("<qq")  # published seq, signature length
@@ -79,6 +85,8 @@ class ControlBlock:
         self.world_size = world_size
         self.timeout = timeout
         self.seq = 0  # collectives entered by this rank
+        self._lock = threading.Lock()  # held while a thread is inside agree()
+        self._inside = ""  # that thread's name and op, for the refusal
 
     @staticmethod
     def nbytes(world_size: int) -> int:
@@ -98,6 +106,19 @@ class ControlBlock:
     def agree(self, sig: Signature, raw: bytes | None = None) -> int:
         """Publish ``sig`` (``raw``: its encoding, when the caller cached it), wait for every
         rank, raise if any rank disagrees. Returns the sequence number."""
+        if not self._lock.acquire(blocking=False):
+            raise CommlabUsageError(
+                f"{sig.op} on rank {self.rank}: thread {threading.current_thread().name!r} "
+                f"called a collective while {self._inside} is inside one on the same "
+                f"communicator; call a communicator's collectives from one thread at a time "
+                f"(serialize them with a lock, in the same order on every rank)")
+        try:
+            self._inside = f"thread {threading.current_thread().name!r} ({sig.op})"
+            return self._agree(sig, raw)
+        finally:
+            self._lock.release()
+
+    def _agree(self, sig: Signature, raw: bytes | None) -> int:
         n = self.seq + 1
         if raw is None:
             raw = sig.encode()
