@@ -10,6 +10,7 @@ import torch
 from commlab.testing import WorldError, run_world
 from tests.conftest import assert_checks
 from tests.worlds.errors import cuda_world, errors_world
+from tests.worlds.threads import two_threads_world
 
 
 @pytest.fixture(scope="module")
@@ -21,6 +22,8 @@ SECTIONS = {
     "shape_mismatch": "shapes differing across ranks name the ranks and their shapes",
     "shape_mismatch_all_gather": "all_gather shapes differing name the ranks",
     "dtype_mismatch": "dtypes differing across ranks are named",
+    "long_signature_op_mismatch": "an op differing is caught when the shape fills the slot",
+    "long_signature_shape_mismatch": "a shape differing past the slot's end is caught (digest)",
     "indivisible_dim0": "reduce_scatter/all_to_all need dim 0 divisible by the world",
     "unsupported_dtype": "float64 and int64 are refused with the supported list",
     "unsupported_dtype_on_one_rank": "a local error on one rank is raised on every rank",
@@ -30,6 +33,7 @@ SECTIONS = {
     "algorithm_none": "algorithm=None is refused on every rank as an argument error",
     "broadcast_src_out_of_range": "broadcast src outside 0..W-1 is refused",
     "heap_full": "heap full names requested and free bytes",
+    "heap_full_on_one_rank": "a full heap on one rank is raised on every rank, in step",
     "allocation_order": "symmetric allocations in different orders are caught",
     "timeout": "a missing rank is named after the timeout and recover() heals the world",
 }
@@ -50,3 +54,8 @@ def test_cuda_backend_without_gpus_raises_backend_unavailable_on_every_rank():
     for rank, text in failures.items():
         assert "BackendUnavailableError" in text, (rank, text)
         assert "backend='cpu'" in text, (rank, text)  # the message says the fix
+
+
+def test_second_thread_calling_a_collective_is_refused_and_world_stays_usable():
+    results = run_world(two_threads_world, 2, timeout=120, env={"COMMLAB_TIMEOUT": "30"})
+    assert_checks(results, "two_threads")

@@ -8,17 +8,28 @@ argument on one rank raises a clear error on *every* rank before any kernel laun
 and a collective called on only some ranks ends in a ``CollectiveTimeoutError`` that
 says who is missing and where they are, instead of a silent hang.
 
+A signature longer than its slot keeps its first bytes (short fields first, so the op,
+dtype and parameters survive a long shape) and ends with a digest of the whole encoding:
+two calls that differ anywhere, even past the slot's end, never publish the same bytes.
+
+One thread at a time: a second thread entering the agreement of a communicator while
+another is inside it is refused with a ``CommlabUsageError`` (two threads would publish
+into one sequence and break the world for good). Call a communicator's collectives from
+one thread, or serialize them with your own lock in the same order on every rank.
+
 Two slots suffice: a rank can only publish ``n + 2`` after passing check ``n + 1``,
 which needs every peer to have published ``n + 1``, i.e. to have finished reading ``n``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import struct
+import threading
 import time
 from dataclasses import dataclass, field
 
-from commlab.errors import CollectiveTimeoutError, RankMismatchError
+from commlab.errors import CollectiveTimeoutError, CommlabUsageError, RankMismatchError
 
 SLOT = 256
 _HDR = struct.Struct("<qq")  # published seq, signature length
@@ -26,6 +37,8 @@ _SEQ = struct.Struct("<q")
 _LEN = struct.Struct("<q")
 _SIG_MAX = SLOT - _HDR.size
 SYNC_HOOK: list = [None]  # fn(event, rank, seq), "publish" then "join": racecheck's clocks
+_CUT = b"\x1d"  # ends the kept prefix of a long signature; its digest follows
+_DIGEST = 16  # bytes of blake2b, written as hex
 
 
 @dataclass
@@ -36,17 +49,30 @@ class Signature:
     hints: dict = field(default_factory=dict)  # field name -> the fix, when it differs
 
     def encode(self) -> bytes:
+        items = sorted(self.fields.items(), key=lambda kv: len(str(kv[1])))  # long last
         body = self.op + "\x1f" + self.error + "\x1f" + "\x1e".join(
-            f"{k}={v}" for k, v in self.fields.items()
+            f"{k}={v}" for k, v in items
         )
         raw = body.encode()
-        return raw[:_SIG_MAX]
+        if len(raw) <= _SIG_MAX:
+            return raw
+        digest = hashlib.blake2b(raw, digest_size=_DIGEST).hexdigest().encode()
+        return raw[: _SIG_MAX - len(_CUT) - len(digest)] + _CUT + digest
 
     @staticmethod
     def decode(raw: bytes) -> Signature:
-        op, error, rest = raw.decode(errors="replace").split("\x1f", 2)
-        fields = dict(kv.split("=", 1) for kv in rest.split("\x1e") if "=" in kv)
-        return Signature(op, fields, error)
+        """The fields a (possibly cut) encoding still holds whole; ``hints["cut"]`` is set
+        when the encoding was cut (its last field dropped, being partial)."""
+        cut = _CUT in raw
+        if cut:
+            raw = raw[: raw.rindex(_CUT)]
+        parts = raw.decode(errors="replace").split("\x1f", 2) + ["", ""]
+        op, error, rest = parts[:3]
+        kvs = rest.split("\x1e")
+        if cut:
+            kvs = kvs[:-1]
+        fields = dict(kv.split("=", 1) for kv in kvs if "=" in kv)
+        return Signature(op, fields, error, {"cut": "1"} if cut else {})
 
 
 def _ranks_str(ranks: list[int]) -> str:
@@ -60,6 +86,8 @@ class ControlBlock:
         self.world_size = world_size
         self.timeout = timeout
         self.seq = 0  # collectives entered by this rank
+        self._lock = threading.Lock()  # held while a thread is inside agree()
+        self._inside = ""  # that thread's name and op, for the refusal
 
     @staticmethod
     def nbytes(world_size: int) -> int:
@@ -79,6 +107,19 @@ class ControlBlock:
     def agree(self, sig: Signature, raw: bytes | None = None) -> int:
         """Publish ``sig`` (``raw``: its encoding, when the caller cached it), wait for every
         rank, raise if any rank disagrees. Returns the sequence number."""
+        if not self._lock.acquire(blocking=False):
+            raise CommlabUsageError(
+                f"{sig.op} on rank {self.rank}: thread {threading.current_thread().name!r} "
+                f"called a collective while {self._inside} is inside one on the same "
+                f"communicator; call a communicator's collectives from one thread at a time "
+                f"(serialize them with a lock, in the same order on every rank)")
+        try:
+            self._inside = f"thread {threading.current_thread().name!r} ({sig.op})"
+            return self._agree(sig, raw)
+        finally:
+            self._lock.release()
+
+    def _agree(self, sig: Signature, raw: bytes | None) -> int:
         n = self.seq + 1
         if raw is None:
             raw = sig.encode()
@@ -100,7 +141,7 @@ class ControlBlock:
         # fast path: every peer published byte-identical arguments and no local error
         if sig.error or any(self._raw(r, n) != raw for r in range(self.world_size)
                             if r != self.rank):
-            self._compare(n, sig)
+            self._compare(n, sig, raw)
         return n
 
     def _raw(self, rank: int, seq: int) -> bytes:
@@ -141,8 +182,11 @@ class ControlBlock:
             f"branch around it, or raise the limit with commlab.init(timeout=...)"
         )
 
-    def _compare(self, n: int, mine: Signature) -> None:
+    def _compare(self, n: int, mine: Signature, raw: bytes) -> None:
         sigs = [mine if r == self.rank else self._read(r, n) for r in range(self.world_size)]
+        if _CUT in raw or any("cut" in s.hints for s in sigs):
+            # compare what every encoding holds whole; the digests decide the rest
+            sigs = [Signature.decode(raw) if r == self.rank else s for r, s in enumerate(sigs)]
         errors = [(r, s.error) for r, s in enumerate(sigs) if s.error]
         if errors:
             groups: dict[str, list[int]] = {}
@@ -157,7 +201,10 @@ class ControlBlock:
                 f"collective #{n}: ranks called different collectives ({by}); every rank must "
                 f"call the same collectives in the same order"
             )
+        cut = any("cut" in s.hints for s in sigs)
         for key in mine.fields:
+            if cut and any(key not in s.fields for s in sigs):
+                continue  # cut off on some rank: the digest below covers it
             vals = [str(mine.fields[key]) if r == self.rank else s.fields.get(key, "?")
                     for r, s in enumerate(sigs)]
             if len(set(vals)) > 1:
@@ -167,6 +214,17 @@ class ControlBlock:
                 shown = ", ".join(f"{_ranks_str(rs)}: {v}" for v, rs in groups.items())
                 fix = mine.hints.get(key, f"pass the same {key} on every rank")
                 raise RankMismatchError(f"{mine.op}: {key} differs across ranks ({shown}); {fix}")
+        # every whole field agrees, yet the encodings differ: in a part too long to show
+        raws = [raw if r == self.rank else self._raw(r, n) for r in range(self.world_size)]
+        groups = {}
+        for r, b in enumerate(raws):
+            groups.setdefault(b[-2 * _DIGEST:].decode(errors="replace"), []).append(r)
+        long = [k for k, v in mine.fields.items() if len(str(v)) > 64] or list(mine.fields)
+        shown = ", ".join(f"{_ranks_str(rs)}: digest {d[:8]}" for d, rs in groups.items())
+        raise RankMismatchError(
+            f"{mine.op}: arguments differ across ranks in a field too long for the "
+            f"agreement slot to show ({', '.join(long)}; {shown}); pass the same "
+            f"{', '.join(long)} on every rank (compare them with a print on each rank)")
 
     def reset(self) -> None:
         """Forget the sequence (all ranks call this together, e.g. after a recovery)."""

@@ -14,7 +14,12 @@ import torch.distributed as dist
 from commlab import _config
 from commlab._config import parse_size
 from commlab._interpreter import bounds, liveness
-from commlab.errors import CollectiveTimeoutError, CommlabUsageError, RankMismatchError
+from commlab.errors import (
+    CollectiveTimeoutError,
+    CommlabUsageError,
+    HeapFullError,
+    RankMismatchError,
+)
 from commlab.runtime import _shm
 from commlab.runtime._bootstrap import World, bootstrap
 from commlab.runtime._control import ControlBlock, Signature
@@ -316,13 +321,20 @@ def symmetric_empty(shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     if any(s < 0 for s in shape):
         raise CommlabUsageError(f"symmetric_empty: shape must be non-negative, got {shape}")
     dname = str(dtype).replace("torch.", "")
-    t, off = comm.heap.allocate(shape, dtype)
+    try:
+        t, off, err = *comm.heap.allocate(shape, dtype), ""
+    except HeapFullError as e:  # published, so every rank raises it and stays in step
+        t, off, err = None, -1, str(e)
     try:
         comm.control.agree(Signature(
-            "symmetric_empty", {"shape": shape, "dtype": dname, "heap offset": off}))
+            "symmetric_empty", {"shape": shape, "dtype": dname, "heap offset": off}, err))
         return t
-    except RankMismatchError:
+    except RankMismatchError as e:
         del t  # a failed allocation keeps no block, even while its traceback lives
+        if err:
+            raise HeapFullError(str(e)) from None
+        if "heap offset differs" not in str(e):  # every rank saw the same signatures
+            raise
     except BaseException:
         del t
         raise

@@ -52,6 +52,13 @@ def errors_world(comm) -> dict:
     _expect(checks, "dtype_mismatch",
             lambda: commlab.all_reduce(x.half() if rank == 2 else x),
             commlab.RankMismatchError, "dtype", "float16", "float32", "rank 2")
+    deep = (1,) * 80  # its signature is longer than an agreement slot
+    _expect(checks, "long_signature_op_mismatch",
+            lambda: commlab.all_reduce(torch.ones(deep), op="max" if rank == 1 else "sum"),
+            commlab.RankMismatchError, "op differs", "rank 1: max", "sum")
+    _expect(checks, "long_signature_shape_mismatch",
+            lambda: commlab.all_reduce(torch.ones(deep[:-1] + (1 + (rank == 2),))),
+            commlab.RankMismatchError, "differ across ranks", "shape", "rank 2")
     for op in ("reduce_scatter", "all_to_all"):
         _expect(checks, "indivisible_dim0",
                 lambda op=op: getattr(commlab, op)(torch.ones(world + 1, 3)),
@@ -90,6 +97,9 @@ def errors_world(comm) -> dict:
     _expect(checks, "heap_full",
             lambda: commlab.symmetric_empty((1 << 30,), torch.float32),
             commlab.HeapFullError, "requested", str(4 << 30), "free")
+    _expect(checks, "heap_full_on_one_rank",
+            lambda: commlab.symmetric_empty((1 << 30,) if rank == 1 else (64,)),
+            commlab.CommlabError, "symmetric_empty", "on rank 1", "heap full", "requested")
     _expect(checks, "allocation_order", lambda: _allocate_out_of_order(rank),
             commlab.RankMismatchError, "heap offset", "same order")
     with checks.case("allocation_order", "symmetric allocation works afterwards"):
