@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The README's test command: install commlab with its test extras (torch pinned to the
 # CPU build), lint and type-check, and run the unit tests, the notebooks (nbval) and the
-# browser test.
+# browser test; tests marked slow are left out (-m slow runs just those).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -15,4 +15,4 @@ python -m pip install -q -e ".[test]"
 export COMMLAB_BACKEND=cpu OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1
 python -m ruff check .   # lint (pyproject.toml [tool.ruff])
 python -m mypy           # types (pyproject.toml [tool.mypy])
-python -m pytest -q -p no:cacheprovider --timeout=600 tests notebooks --nbval-lax --durations=15 "$@"
+python -m pytest -q -p no:cacheprovider --timeout=600 -m "not slow" tests notebooks --nbval-lax --durations=15 "$@"

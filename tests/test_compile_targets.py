@@ -2,23 +2,29 @@
 (no GPU needed) and fits the target's shared memory.
 
 The matrix is compiled once per session in two subprocesses (``tests/compile_targets``),
-cached per (kernel source hash, target) in ~/.cache/commlab-compile-targets, so a rerun
-only compiles what changed. Pairs that fail today are strict xfails naming the cause:
-the kernel's target switch flips them.
+cached per (kernel source hash, target) in $XDG_CACHE_HOME/commlab-compile-targets
+(~/.cache), so a rerun only compiles what changed; only the selected tests' pairs are
+compiled (matrix.SLOW_VARIANTS are marked slow). Pairs that fail today are strict
+xfails naming the cause: the kernel's target switch flips them.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from tests.compile_targets.matrix import KNOWN_FAILURES, TARGETS, pairs
+from tests.compile_targets.matrix import KNOWN_FAILURES, SLOW_VARIANTS, TARGETS, pairs
+
+_TEST = "test_kernel_compiles_for_target_and_fits_its_shared_memory"
 
 
 @pytest.fixture(scope="session")
-def compiled():
+def compiled(request):
     from tests.compile_targets.run import run
 
-    records, _ = run(jobs=2)
+    selected = [(it.callspec.params["variant"], it.callspec.params["target"])
+                for it in request.session.items
+                if it.originalname == _TEST and hasattr(it, "callspec")]
+    records, _ = run(jobs=2, only=selected)
     return {(r["variant"], r["target"]): r for r in records}
 
 
@@ -27,6 +33,8 @@ def _params():
     for v, t in pairs():
         why = KNOWN_FAILURES.get((v, t))
         marks = [pytest.mark.xfail(strict=True, reason=why)] if why else []
+        if v in SLOW_VARIANTS:
+            marks.append(pytest.mark.slow)
         out.append(pytest.param(v, t, id=f"{v}@{t}", marks=marks))
     return out
 

@@ -376,11 +376,16 @@ def test_pieces_of_a_partial_chunk_land_with_their_own_flags(results):
     assert_checks(results(2), "gemm_rs_pieces")
 
 
-def test_launch_options_change_the_schedule_inside_the_block_and_restore_it_after_an_error():
+def test_launch_options_change_the_schedule_inside_the_block_and_restore_it_after_an_error(
+        monkeypatch):
     from types import SimpleNamespace
 
     from commlab import overlap
     from commlab.overlap import _launch
+
+    # tile_config follows the device's arch: this fake GPU is an H100/H200
+    monkeypatch.setattr(_launch, "current_target",
+                        lambda c: ("cpu", 0) if c.backend == "cpu" else ("cuda", 90))
 
     gpu = SimpleNamespace(backend="cuda", device="cuda:0")
     cpu = SimpleNamespace(backend="cpu", device="cpu")

@@ -8,7 +8,9 @@ import contextlib
 from dataclasses import dataclass
 
 import torch
+import triton
 
+from commlab.overlap import _tiles
 from commlab.runtime import Communicator
 
 
@@ -27,10 +29,49 @@ class TileConfig:
 # tiles per chunk and the interpreter's numpy calls stay cheap.
 GPU_TILE = TileConfig(128, 256, 64, 8, 8, 3)
 CPU_TILE = TileConfig(16, 32, 64, 4, 1, 1)
+# A100 (sm_80) and AMD: the 128x256 tile spills there (bench/results/compile-targets.json)
+SMALL_GPU_TILE = TileConfig(128, 128, 64, 8, 8, 3)
+_TILE_SET = False  # launch_options(gpu_tile=...) is in force: GPU_TILE on every target
+
+
+def current_target(comm: Communicator) -> tuple[str, int | str]:
+    """(backend, arch) of this rank's device as Triton compiles for it: ("cuda", 90),
+    ("hip", "gfx942"); ("cpu", 0) on the CPU backend."""
+    if comm.backend == "cpu":
+        return "cpu", 0
+    t = triton.runtime.driver.active.get_current_target()
+    return t.backend, t.arch
+
+
+def tma_for_target(backend: str, arch: int | str) -> bool:
+    """TMA descriptors only on Hopper and Blackwell (sm_90+); elsewhere the pointer path."""
+    return backend == "cuda" and isinstance(arch, int) and arch >= 90
+
+
+def tile_for_target(backend: str, arch: int | str) -> TileConfig:
+    """The GEMM tile a launch on that target uses."""
+    if backend == "cpu":
+        return CPU_TILE
+    return GPU_TILE if _TILE_SET or tma_for_target(backend, arch) else SMALL_GPU_TILE
+
+
+def trace_clock_for(backend: str, arch: int | str) -> int:
+    """The kernels' TRACE value on that target (_tiles.CLOCK_*)."""
+    if backend in ("cuda", "cpu"):
+        return _tiles.CLOCK_PTX  # CPU: the interpreter reads the host clock whatever it is
+    return _tiles.CLOCK_AMD if backend == "hip" else _tiles.CLOCK_NONE
 
 
 def tile_config(comm: Communicator) -> TileConfig:
-    return CPU_TILE if comm.backend == "cpu" else GPU_TILE
+    return tile_for_target(*current_target(comm))
+
+
+def use_tma(comm: Communicator) -> bool:
+    return tma_for_target(*current_target(comm))
+
+
+def trace_clock(comm: Communicator) -> int:
+    return trace_clock_for(*current_target(comm))
 
 
 CPU_PROGRAMS: int | None = None  # CPU: None = one program per tile; n = n "SMs"
@@ -124,10 +165,10 @@ def launch_options(*, gpu_tile: TileConfig | None = None, split_tail: bool | Non
     restore them: ``gpu_tile`` (the GPU tile configuration), ``split_tail`` (False: every
     tile whole), ``cpu_programs`` (CPU: run as a GPU with that many SMs would). For
     benchmarks and notebooks; every rank must use the same options."""
-    global GPU_TILE, SPLIT_TAIL, CPU_PROGRAMS
-    saved = GPU_TILE, SPLIT_TAIL, CPU_PROGRAMS
+    global GPU_TILE, SPLIT_TAIL, CPU_PROGRAMS, _TILE_SET
+    saved = GPU_TILE, SPLIT_TAIL, CPU_PROGRAMS, _TILE_SET
     if gpu_tile is not None:
-        GPU_TILE = gpu_tile
+        GPU_TILE, _TILE_SET = gpu_tile, True
     if split_tail is not None:
         SPLIT_TAIL = split_tail
     if cpu_programs is not None:
@@ -135,4 +176,4 @@ def launch_options(*, gpu_tile: TileConfig | None = None, split_tail: bool | Non
     try:
         yield
     finally:
-        GPU_TILE, SPLIT_TAIL, CPU_PROGRAMS = saved
+        GPU_TILE, SPLIT_TAIL, CPU_PROGRAMS, _TILE_SET = saved

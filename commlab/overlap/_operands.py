@@ -9,6 +9,7 @@ import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from commlab.overlap._launch import TileConfig
+from commlab.overlap._launch import use_tma as target_has_tma
 from commlab.runtime import Communicator
 
 
@@ -57,7 +58,8 @@ def operands(comm: Communicator, cfg: TileConfig, a: torch.Tensor, b: torch.Tens
              extra: torch.Tensor | None = None) -> Operands:
     b_trans = not b.is_contiguous() and b.t().is_contiguous()
     bb = b.t() if b_trans else b
-    use_tma = (comm.backend == "cuda" and bb.is_contiguous() and tma_ok(a) and tma_ok(bb)
+    use_tma = (comm.backend == "cuda" and target_has_tma(comm) and bb.is_contiguous()
+               and tma_ok(a) and tma_ok(bb)
                and (extra is None or tma_ok(extra)))
     if not use_tma:
         return Operands(a, b, extra, False, False)

@@ -8,10 +8,13 @@ a trace buffer ``[rows, TRACE_COLS]`` int64, together with where it ran:
     col 4     lane: the SM (GPU, ``%smid``) or the program id (CPU)
     col 5     the output tile it worked on
 
-The clock is ``%globaltimer`` on GPU (inline PTX, behind ``cl.INTERPRET``, which the
-interpreter never compiles) and the host's ``perf_counter_ns`` on CPU: the interpreter
-runs plain Python called from a jit function, the same pattern as
-``commlab.language._host_yield``.
+The clock is chosen per target by the kernels' ``TRACE`` constexpr (0: no trace; the
+host picks it, ``_launch.trace_clock``): ``CLOCK_PTX`` ``%globaltimer`` / ``%smid``
+(inline PTX, NVIDIA), ``CLOCK_AMD`` ``s_memrealtime`` (AMDGCN, the 100 MHz constant
+clock, ticks x 10 ns) with the program id as lane, ``CLOCK_NONE`` zeros (a target with
+neither; the host says so in the trace). On CPU (``cl.INTERPRET``, never compiled) the
+host's ``perf_counter_ns``: the interpreter runs plain Python called from a jit
+function, the same pattern as ``commlab.language._host_yield``.
 
 The split tail (``tail_part``, ``tail_combine``): a persistent kernel whose tiles do not
 fill its last wave leaves SMs idle for up to a whole tile's time (8B all-gather GEMM,
@@ -32,6 +35,12 @@ import triton.language as tl
 import commlab.language as cl
 
 TRACE_COLS = 6
+CLOCK_PTX = 1  # TRACE values: which clock stamp() reads (0: the kernel is not traced)
+CLOCK_AMD = 2
+CLOCK_NONE = 3
+_AMD = tl.constexpr(CLOCK_AMD)  # the same, as the device code reads them
+_NONE = tl.constexpr(CLOCK_NONE)
+_PTX = tl.constexpr(CLOCK_PTX)
 
 if cl.INTERPRET:
 
@@ -58,12 +67,22 @@ def _smid():
 
 
 @triton.jit
-def stamp(trace_ptr, row, col: tl.constexpr, tile):
+def _memrealtime():
+    return tl.inline_asm_elementwise("s_memrealtime $0\n s_waitcnt lgkmcnt(0)", "=s", [],
+                                     dtype=tl.int64, is_pure=False, pack=1) * 10
+
+
+@triton.jit
+def stamp(trace_ptr, row, col: tl.constexpr, tile, CLOCK: tl.constexpr):
     """Record the current time as column ``col`` of trace row ``row``, which belongs to
-    output tile ``tile`` (callers guard it with ``if TRACE:``, a constexpr, so untraced
-    kernels carry no trace code)."""
+    output tile ``tile``, with clock ``CLOCK`` (the kernel's TRACE; callers guard it with
+    ``if TRACE:``, a constexpr, so untraced kernels carry no trace code)."""
     if cl.INTERPRET:
         now = _host_ns()
+    elif CLOCK == _AMD:
+        now = _memrealtime()
+    elif CLOCK == _NONE:
+        now = tl.cast(0, tl.int64)
     else:
         now = _globaltimer()
     base = trace_ptr + tl.cast(row, tl.int64) * 6
@@ -71,8 +90,10 @@ def stamp(trace_ptr, row, col: tl.constexpr, tile):
     if col == 0:
         if cl.INTERPRET:
             lane = tl.program_id(0)
-        else:
+        elif CLOCK == _PTX:
             lane = _smid()
+        else:
+            lane = tl.program_id(0)
         tl.store(base + 4, lane.to(tl.int64))
         tl.store(base + 5, tl.cast(tile, tl.int64))
 

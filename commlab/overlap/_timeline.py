@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from commlab.overlap import _launch, _tiles
 from commlab.runtime import Communicator
 from commlab.trace._recorder import RECORDER, Span
 
@@ -42,12 +43,20 @@ def add_tile_spans(comm: Communicator, trace: torch.Tensor, clock: Clock, op: st
     ``roles_of(tile)`` names the roles between consecutive stamps, e.g.
     ("wait", "compute") for a tile stamped at columns 0, 1, 2 (None: no span). A tile
     computed in parts (a split tail) has one row per part: their spans share the tile."""
+    clock_kind = _launch.trace_clock(comm)
+    if clock_kind == _tiles.CLOCK_NONE:  # the target has no clock the kernels can read
+        at = (RECORDER._stamp(None) - RECORDER._t0_ns) / 1e3
+        RECORDER.add(Span(name=f"{op}:no tile stamps", kind="note", rank=comm.rank,
+                          start_us=at, end_us=at, meta={
+                              "op": op, "why": "no device clock on this target "
+                              f"({_launch.current_target(comm)}): tiles are not stamped"}))
+        return
     rows = trace.cpu().tolist()
     started = [r[0] for r in rows if r[0]]
     if not started:
         return
     base_us, base_ns = clock.origin_us(min(started))
-    lane_word = "program" if comm.backend == "cpu" else "sm"
+    lane_word = "sm" if comm.backend != "cpu" and clock_kind == _tiles.CLOCK_PTX else "program"
     for r in rows:
         if not r[0]:
             continue

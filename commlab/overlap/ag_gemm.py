@@ -64,7 +64,7 @@ def ag_push_kernel(
     for i in range(1, world):
         peer = (me + i) % world
         if TRACE:
-            stamp(trace_ptr, i - 1, 0, i - 1)
+            stamp(trace_ptr, i - 1, 0, i - 1, TRACE)
         dst = cl.symm_at(gathered_ptr + me.to(tl.int64) * NUMEL, peer, ctx)
         for start in range(0, NUMEL, BLOCK):
             offs = start + tl.arange(0, BLOCK)
@@ -73,7 +73,7 @@ def ag_push_kernel(
         # our chunk of call `epoch` is on peer:
         cl.notify(flags_ptr + me, peer, ctx, epoch, sig_op="set")
         if TRACE:
-            stamp(trace_ptr, i - 1, 1, i - 1)
+            stamp(trace_ptr, i - 1, 1, i - 1, TRACE)
 
 
 @triton.jit
@@ -91,14 +91,14 @@ def _ag_tile(
     src = (me + chunk) % world  # chunk 0 is ours: it needs no communication
     pid_m, pid_n = grouped_tile(tile % tiles_per_chunk, ROWS, N, BM, BN, GROUP_M)
     if TRACE:
-        stamp(trace_ptr, row, 0, tile)
+        stamp(trace_ptr, row, 0, tile, TRACE)
 
     # --- wait: the chunk's rows have landed (once per chunk per program) --------------
     if chunk > landed:
         cl.wait(flags_ptr + src, epoch)
         landed = chunk
     if TRACE:
-        stamp(trace_ptr, row, 1, tile)
+        stamp(trace_ptr, row, 1, tile, TRACE)
 
     # --- compute: one output tile of chunk src ----------------------------------------
     # (one main loop for both sources: two would double the pipeline's shared memory)
@@ -114,7 +114,7 @@ def _ag_tile(
     if done:
         store_tile(out, src * ROWS, ROWS, N, pid_m, pid_n, acc, BM, BN, OUT_TMA)
     if TRACE:
-        stamp(trace_ptr, row, 2, tile)
+        stamp(trace_ptr, row, 2, tile, TRACE)
     return landed
 
 
@@ -216,7 +216,8 @@ def _fused(comm, a: torch.Tensor, b: torch.Tensor):
         ops.a, ops.b, dst, ws, cnt, ops.extra, flags, comm.context, tbuf,
         rows, n, k, b.stride(0), b.stride(1), epoch, sched.dp_tiles, sched.split,
         BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, GROUP_M=cfg.GROUP_M, EVEN_K=k % cfg.BK == 0,
-        USE_TMA=ops.tma, B_TRANS=ops.b_trans, OUT_TMA=out_tma, TRACE=tbuf is not None,
+        USE_TMA=ops.tma, B_TRANS=ops.b_trans, OUT_TMA=out_tma,
+        TRACE=_launch.trace_clock(comm) if tbuf is not None else 0,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if done is not None:

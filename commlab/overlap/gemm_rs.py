@@ -100,14 +100,14 @@ def _rs_tile(
     ``tid`` of the whole call in the trace (chunk-launch order)."""
     pid_m, pid_n = grouped_tile(tile, ROWS, N, BM, BN, GROUP_M)
     if TRACE:
-        stamp(trace_ptr, row, 0, tid)
+        stamp(trace_ptr, row, 0, tid, TRACE)
 
     # --- compute: our partial of tile (pid_m, pid_n) of chunk dst ---------------------
     acc = mma(a_src, dst * ROWS, ROWS, b_src, stride_bk, stride_bn, N, K, pid_m, pid_n,
               k_lo, k_hi, BM, BN, BK, EVEN_K, USE_TMA, B_TRANS)
     acc, done = tail_combine(ws_ptr, cnt_ptr, acc, j, TAIL, SPLIT, BM, BN, SEGMENT)
     if TRACE:
-        stamp(trace_ptr, row, 1, tid)
+        stamp(trace_ptr, row, 1, tid, TRACE)
     if done:
         if OWN:
             # --- wait + reduce: add every peer's partial of this tile -------------------
@@ -118,11 +118,11 @@ def _rs_tile(
                     cl.wait(flags_ptr + ((me + i) % world) * MAXP + piece, epoch)
                 ready = piece
             if TRACE:
-                stamp(trace_ptr, row, 2, tid)
+                stamp(trace_ptr, row, 2, tid, TRACE)
             acc = _add_partials(acc, inbox, me, world, pid_m, pid_n, ROWS, N, BM, BN, IN_TMA)
             store_tile(out, pid_m * 0, ROWS, N, pid_m, pid_n, acc, BM, BN, OUT_TMA)
             if TRACE:
-                stamp(trace_ptr, row, 3, tid)
+                stamp(trace_ptr, row, 3, tid, TRACE)
         else:
             # the partial, staged locally for the producer to send
             store_tile(out, pid_m * 0, ROWS, N, pid_m, pid_n, acc, BM, BN, OUT_TMA)
@@ -285,7 +285,8 @@ def _fused(comm, a: torch.Tensor, b: torch.Tensor, *, send: bool = True):
             OWN=own, MAXP=MAX_PIECES, OUT_TMA=out_tma, IN_TMA=in_tma,
             BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, GROUP_M=cfg.GROUP_M,
             EVEN_K=k % cfg.BK == 0, USE_TMA=ops.tma, B_TRANS=ops.b_trans,
-            TRACE=tbuf is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            TRACE=_launch.trace_clock(comm) if tbuf is not None else 0,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
         if not own and send:
             producer.send((me + 1 + c) % world, stage[c])

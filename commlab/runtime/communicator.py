@@ -263,9 +263,31 @@ class _CudaBlock:
         }
 
 
+def symmetric_memory():
+    """torch's symmetric memory, which the cuda backend's heap is allocated with, on a
+    CUDA build or a ROCm one (``torch.version.hip``) alike; CommlabUsageError naming the
+    build and what it lacks where it is missing."""
+    hip = getattr(torch.version, "hip", None)
+    build = f"torch {torch.__version__}, " + (f"ROCm {hip}" if hip else
+                                              f"CUDA {torch.version.cuda}")
+    fix = "use a PyTorch build that has it, or COMMLAB_BACKEND=cpu"
+    try:
+        import torch.distributed._symmetric_memory as symm_mem
+    except ImportError as e:
+        raise CommlabUsageError(
+            f"the cuda backend allocates its heap with torch.distributed._symmetric_memory, "
+            f"which is not available on this build ({build}: {e}); {fix}") from e
+    missing = [n for n in ("empty", "rendezvous") if not hasattr(symm_mem, n)]
+    if missing:
+        raise CommlabUsageError(
+            f"torch.distributed._symmetric_memory on this build ({build}) lacks "
+            f"{', '.join(missing)}, which the cuda backend's heap needs; {fix}")
+    return symm_mem
+
+
 def _cuda_heap(world: World, layout: HeapLayout, timeout: float, keep: list):
     os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")  # never multicast here
-    import torch.distributed._symmetric_memory as symm_mem
+    symm_mem = symmetric_memory()
 
     buf = symm_mem.empty(layout.size, dtype=torch.uint8, device=world.device)
     group_name = world.group.group_name

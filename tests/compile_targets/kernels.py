@@ -36,7 +36,7 @@ from commlab.overlap._gemm import gemm_kernel
 from commlab.overlap.ag_gemm import ag_gemm_kernel
 from commlab.overlap.gemm_rs import MAX_PIECES, gemm_rs_kernel
 from commlab.topology.linkbench import peer_copy_kernel
-from tests.compile_targets.matrix import VARIANTS
+from tests.compile_targets.matrix import TARGETS, VARIANTS, Target
 
 
 @dataclass
@@ -84,7 +84,7 @@ def language_primitives_kernel(x_ptr, flag_ptr, out_ptr, ctx, BLOCK: tl.constexp
     tl.store(out_ptr + offs, v)
 
 
-_GPU = SimpleNamespace(backend="cuda")  # what launch_for / rounds_for / tile_config read
+_GPU = SimpleNamespace(backend="cuda")  # what launch_for / rounds_for read
 SMALL, BIG = 64 << 10, 64 << 20  # elements: below and above _common._GPU_BIG (1M)
 
 
@@ -146,8 +146,12 @@ def _collectives() -> dict[str, Spec]:
     return out
 
 
-def _gemms() -> dict[str, Spec]:
-    t = oc.tile_config(_GPU)  # GPU_TILE: what every GPU launch uses
+def _gemms(target: Target) -> dict[str, Spec]:
+    """As the host launches them on ``target`` (overlap._launch: the tile, TMA only where
+    the target has it, else the same call on pointers; the trace clock)."""
+    t = oc.tile_for_target(target.backend, target.arch)
+    has_tma = oc.tma_for_target(target.backend, target.arch)
+    clock = oc.trace_clock_for(target.backend, target.arch)
     desc = {"a": f"tensordesc<bf16[{t.BM},{t.BK}]>", "b": f"tensordesc<bf16[{t.BK},{t.BN}]>",
             "out": f"tensordesc<bf16[{t.BM},{t.BN}]>",
             "inbox": f"tensordesc<bf16[1,{t.BM},{t.BN}]>"}
@@ -155,10 +159,11 @@ def _gemms() -> dict[str, Spec]:
                                "SPLIT", "epoch", "chunk_idx", "PIECE_TILES", "TRACE_ROWS")}
     side = {"ws_ptr": "*fp32", "cnt_ptr": "*i32", "flags_ptr": "*i32", "ctx": "*i64",
             "trace_ptr": "*i64"}
-    tma = {"a_src": desc["a"], "b_src": desc["b"], "out": desc["out"]}
     ptrs = {"a_src": "*bf16", "b_src": "*bf16", "out": "*bf16"}
+    tma = {"a_src": desc["a"], "b_src": desc["b"], "out": desc["out"]} if has_tma else ptrs
     meta = dict(BM=t.BM, BN=t.BN, BK=t.BK, GROUP_M=t.GROUP_M, B_TRANS=False)
-    fast = dict(meta, EVEN_K=True, USE_TMA=True, OUT_TMA=True)
+    fast = dict(meta, EVEN_K=True, USE_TMA=has_tma, OUT_TMA=has_tma)
+    inbox = desc["inbox"] if has_tma else "*bf16"
     opts = dict(num_warps=t.num_warps, num_stages=t.num_stages)
 
     def spec(fn, types, consts):
@@ -171,23 +176,25 @@ def _gemms() -> dict[str, Spec]:
                                                        OUT_TMA=False)),
     }
     for label, trace in (("tma", False), ("tma,trace", True)):
-        out[f"ag_gemm[{label}]"] = spec(ag_gemm_kernel, {**tma, "gathered_src": desc["a"]},
-                                        dict(fast, TRACE=trace))
+        gathered = desc["a"] if has_tma else "*bf16"
+        out[f"ag_gemm[{label}]"] = spec(ag_gemm_kernel, {**tma, "gathered_src": gathered},
+                                        dict(fast, TRACE=clock if trace else 0))
     rs = dict(fast, MAXP=MAX_PIECES)
-    out["gemm_rs[own,tma partials]"] = spec(gemm_rs_kernel, {**tma, "inbox": desc["inbox"]},
-                                            dict(rs, OWN=True, IN_TMA=True, TRACE=False))
+    out["gemm_rs[own,tma partials]"] = spec(gemm_rs_kernel, {**tma, "inbox": inbox},
+                                            dict(rs, OWN=True, IN_TMA=has_tma, TRACE=0))
     out["gemm_rs[own,loaded partials]"] = spec(gemm_rs_kernel, {**tma, "inbox": "*bf16"},
-                                               dict(rs, OWN=True, IN_TMA=False, TRACE=False))
-    out["gemm_rs[peer chunk]"] = spec(gemm_rs_kernel, {**tma, "inbox": desc["inbox"]},
-                                      dict(rs, OWN=False, IN_TMA=True, TRACE=False))
-    out["gemm_rs[own,tma partials,trace]"] = spec(gemm_rs_kernel, {**tma, "inbox": desc["inbox"]},
-                                                  dict(rs, OWN=True, IN_TMA=True, TRACE=True))
+                                               dict(rs, OWN=True, IN_TMA=False, TRACE=0))
+    out["gemm_rs[peer chunk]"] = spec(gemm_rs_kernel, {**tma, "inbox": inbox},
+                                      dict(rs, OWN=False, IN_TMA=has_tma, TRACE=0))
+    out["gemm_rs[own,tma partials,trace]"] = spec(gemm_rs_kernel, {**tma, "inbox": inbox},
+                                                  dict(rs, OWN=True, IN_TMA=has_tma, TRACE=clock))
     return out
 
 
-def specs() -> dict[str, Spec]:
-    """Every variant by name; fails when matrix.VARIANTS and this file disagree."""
-    out = {**_collectives(), **_gemms()}
+def specs(target: str) -> dict[str, Spec]:
+    """Every variant by name as launched on ``target``; fails when matrix.VARIANTS and
+    this file disagree."""
+    out = {**_collectives(), **_gemms(TARGETS[target])}
     missing, extra = set(VARIANTS) - set(out), set(out) - set(VARIANTS)
     if missing or extra:
         raise KeyError(f"matrix.VARIANTS and kernels.py disagree: not built {sorted(missing)}, "
