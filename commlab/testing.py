@@ -114,4 +114,9 @@ def run_world(fn, world_size: int, args: tuple = (), kwargs: dict | None = None,
     if failures:
         text = "\n".join(f"--- rank {r} ---\n{failures[r]}" for r in sorted(failures))
         raise WorldError(f"{len(failures)} of {world_size} ranks failed:\n{text}", failures)
-    return [pickle.loads(got[r][1]) for r in range(world_size)]
+    out = []
+    for r in range(world_size):
+        payload = got[r][1]
+        assert isinstance(payload, bytes)  # every rank succeeded: each sent its pickled result
+        out.append(pickle.loads(payload))
+    return out

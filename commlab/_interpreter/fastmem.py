@@ -37,6 +37,8 @@ def _skip_dead_overflow_checks(ti) -> bool:
     ``device_assert``, which returns at once unless the options ask for debug. Skip
     the computation in exactly that case; with debug on, the stock check runs."""
     sem = getattr(ti, "interpreter_semantic", None)
+    if sem is None:  # a Triton without it: nothing to skip
+        return False
     cls = type(sem)
     try:
         check = inspect.getsource(cls.binary_op_sanitize_overflow_impl)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import inspect
+from typing import Any
 
 import numpy as np
 from triton.runtime.interpreter import _get_np_dtype
@@ -26,7 +27,7 @@ from triton.runtime.interpreter import _get_np_dtype
 from commlab._interpreter.blocks import Const, Range, interval_of
 from commlab._interpreter.stock import STOCK, base, capture
 
-_STATE = {"fast": False, "observer": None, "installed": False}
+_STATE: dict[str, Any] = {"fast": False, "observer": None, "installed": False}
 
 
 @dataclasses.dataclass
@@ -34,7 +35,7 @@ class Access:
     """One memory access as the observer sees it (handles are Triton's, maybe symbolic)."""
 
     kind: str  # "load" | "store" | "atomic_rmw" | "atomic_cas"
-    ptrs: object  # the pointer block
+    ptrs: Any  # the pointer block: an interpreter TensorHandle (untyped) or a Range
     mask: object = None  # bool block or None (all lanes)
     sem: object = None  # atomics: the interpreter's memory-semantic enum
     op: object = None  # atomic_rmw: the rmw op

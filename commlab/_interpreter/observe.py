@@ -32,7 +32,7 @@ def install() -> bool:
     from triton.runtime import interpreter as ti
 
     grid_cls, builder = getattr(ti, "GridExecutor", None), getattr(ti, "InterpreterBuilder", None)
-    if grid_cls is None or not hasattr(builder, "set_grid_idx"):
+    if grid_cls is None or builder is None or not hasattr(builder, "set_grid_idx"):
         return False
     grid_call, set_idx = grid_cls.__call__, builder.set_grid_idx
 

@@ -22,6 +22,7 @@ import json
 import pdb
 import socket
 import sys
+from typing import IO, cast
 
 MAX_LINE = 1 << 20
 
@@ -75,7 +76,8 @@ class _In(io.TextIOBase):
     def __init__(self, chan: Channel, out: _Out):
         self.chan, self.out = chan, out
 
-    def readline(self, size: int = -1) -> str:
+    # typeshed's TextIOBase.readline (str) carries its own ignore against IOBase's (bytes)
+    def readline(self, size: int = -1) -> str:  # type: ignore[override]  # stub: see above
         prompt = ""
         if self.out.buf.endswith("(Pdb) "):  # Pdb wrote its prompt just before reading
             self.out.buf, prompt = self.out.buf[: -len("(Pdb) ")], "(Pdb) "
@@ -90,16 +92,19 @@ class RankPdb(pdb.Pdb):
 
     def __init__(self, chan: Channel):
         out = _Out(chan)
-        super().__init__(stdin=_In(chan, out), stdout=out, nosigint=True)
+        # _In/_Out are io.TextIOBase subclasses: text file objects, as Pdb wants
+        super().__init__(stdin=cast(IO[str], _In(chan, out)), stdout=cast(IO[str], out),
+                         nosigint=True)
         self.use_rawinput = False
-        self.chan = chan
+        self.out = out  # the same object as self.stdout, typed as _Out
+        self.chan: Channel | None = chan
         self.prompt = "(Pdb) "
 
     def _end(self, quit: bool) -> None:
         if self.chan is None:
             return
         try:
-            self.stdout.send()
+            self.out.send()
             self.chan.send({"end": True, "quit": quit})
         except OSError:
             pass

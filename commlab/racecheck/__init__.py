@@ -99,6 +99,7 @@ def racecheck(wait_timeout: float | None = None):
     comm = runtime.get_communicator()
     root = [tempfile.mkdtemp(prefix="commlab-racecheck-") if comm.rank == 0 else None]
     dist.broadcast_object_list(root, src=0, group=comm.cpu_group)
+    assert root[0] is not None  # broadcast from rank 0, which made the directory
     shared = Shared(root[0], comm.rank, comm.world_size)
     chk = Checker(comm, shared, wait_timeout)
     _install(_observers(chk, Waits(chk)))

@@ -10,6 +10,7 @@ who could, and any cycle among blocked ranks.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from commlab.errors import WaitTimeoutError
 
@@ -32,7 +33,7 @@ class Waits:
             err.graph, err.cycle = nodes, cycle  # for drawing: one dict per blocked rank
             raise err
 
-    def graph(self) -> str:
+    def graph(self) -> tuple[str, list[dict[str, Any]], list[Any]]:
         chk = self.chk
         key, want, where, pid, have = chk.waiting
         sh = chk.shared

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from types import FrameType
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _PKG = os.path.dirname(_HERE)
@@ -14,7 +15,7 @@ _SKIP = (os.sep + "triton" + os.sep, os.sep + "numpy" + os.sep, _HERE + os.sep,
 def kernel_line() -> str:
     """``file:LINE`` of the innermost frame that is kernel code (not Triton, not the
     device language's own helpers, not the checker)."""
-    f = sys._getframe(2)
+    f: FrameType | None = sys._getframe(2)
     first = None
     while f is not None:
         name = f.f_code.co_filename

@@ -12,6 +12,7 @@ import socket
 import uuid
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -27,8 +28,8 @@ class World:
     local_rank: int
     backend: str  # "cpu" | "cuda"
     device: torch.device
-    group: object  # default process group (gloo, or gloo+nccl)
-    cpu_group: object  # a gloo group for host-side exchanges
+    group: dist.ProcessGroup  # default process group (gloo, or gloo+nccl)
+    cpu_group: dist.ProcessGroup  # a gloo group for host-side exchanges
     token: str  # shared random hex string naming this world's shm segments
     owns_pg: bool
 
@@ -92,8 +93,8 @@ def bootstrap(backend: str, timeout_s: float) -> World:
         store: dist.Store = dist.HashStore()
         key = None  # a private store: generations start again
     else:
-        local_rank = _env_int("LOCAL_RANK")
-        local_rank = rank if local_rank is None else local_rank
+        env_local = _env_int("LOCAL_RANK")
+        local_rank = rank if env_local is None else env_local
         addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
         port = _env_int("MASTER_PORT")
         if port is None:
@@ -106,7 +107,8 @@ def bootstrap(backend: str, timeout_s: float) -> World:
         key = (addr, port)
         if key not in _STORES:
             master = rank == 0 and not agent_store
-            extra = {"master_listen_fd": _listen(addr, port).fileno()} if master else {}
+            extra: dict[str, Any] = (
+                {"master_listen_fd": _listen(addr, port).fileno()} if master else {})
             _STORES[key] = dist.TCPStore(addr, port, world_size, is_master=master,
                                          timeout=timeout, **extra)
         store = _STORES[key]
@@ -126,7 +128,7 @@ def bootstrap(backend: str, timeout_s: float) -> World:
     token = store.get("token").decode()
     if _config.get("COMMLAB_TORCH_BACKEND") == "commlab":  # torch.distributed on commlab
         pg_backend = "commlab" if chosen == "cpu" else "cpu:gloo,cuda:commlab"
-    kwargs = {"device_id": device} if chosen == "cuda" else {}
+    kwargs: dict[str, Any] = {"device_id": device} if chosen == "cuda" else {}
     dist.init_process_group(
         pg_backend,
         store=dist.PrefixStore("pg", store),
@@ -135,7 +137,9 @@ def bootstrap(backend: str, timeout_s: float) -> World:
         timeout=timeout,
         **kwargs,
     )
-    group = cpu_group = dist.group.WORLD
+    world_pg = dist.group.WORLD
+    assert world_pg is not None  # init_process_group above has just set it
+    group = cpu_group = world_pg
     adopted = _GROUP_SOURCE(chosen) if _GROUP_SOURCE is not None else None
     if adopted is not None:
         _, group, cpu_group = adopted
@@ -196,7 +200,9 @@ def _from_existing(backend: str) -> World:
             f"commlab.init(backend='cuda'): rank {rank} sees no CUDA GPU; use backend='cpu'"
         )
     _check_compiled_mode(backend)
-    group = dist.group.WORLD
+    world_pg = dist.group.WORLD
+    assert world_pg is not None  # dist.is_initialized() held before _from_existing
+    group = world_pg
     if adopted is not None:
         _, group, cpu_group = adopted
     elif "gloo" in pg_backend:
@@ -208,5 +214,7 @@ def _from_existing(backend: str) -> World:
         torch.cuda.set_device(device)
     obj = [uuid.uuid4().hex[:12] if rank == 0 else None]
     dist.broadcast_object_list(obj, src=0, group=cpu_group)
-    return World(rank, world_size, local_rank, backend, device, group, cpu_group, obj[0],
+    token = obj[0]
+    assert token is not None  # broadcast from rank 0, which set it
+    return World(rank, world_size, local_rank, backend, device, group, cpu_group, token,
                  False)

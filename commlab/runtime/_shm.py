@@ -57,7 +57,7 @@ def free_bytes() -> int | None:
 
 def sweep_orphans() -> list[str]:
     """Unlink commlab segments whose creating process no longer exists."""
-    removed = []
+    removed: list[str] = []
     try:
         names = os.listdir(_SHM_DIR)
     except OSError:

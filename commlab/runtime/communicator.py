@@ -52,8 +52,8 @@ class Communicator:
     context: torch.Tensor
     heap: SymmetricHeap
     control: ControlBlock
-    group: object
-    cpu_group: object
+    group: dist.ProcessGroup
+    cpu_group: dist.ProcessGroup
     local_rank: int = 0
     _world: World | None = field(default=None, repr=False)
     _keep: list = field(default_factory=list, repr=False)  # mappings kept alive
