@@ -55,7 +55,7 @@ class Collective:
 def run(coll: Collective, x, algorithm: str = "auto", *params) -> torch.Tensor:
     """Run ``coll`` on ``x`` on every rank; ``params`` in ``coll.params``' order."""
     comm = get_communicator()
-    key = None
+    key: tuple | None = None
     if isinstance(x, torch.Tensor):
         key = (coll.name, x.shape, x.dtype, x.device, *params, algorithm)
         if not (coll.capture_choice and capturing_auto(comm, algorithm)):

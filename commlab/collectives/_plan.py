@@ -52,12 +52,12 @@ def fast_call(comm, key: tuple, x) -> torch.Tensor | None:
     return out
 
 
-def remember(comm, key: tuple, call, *, algorithm: str, nbytes: int, launched: list,
+def remember(comm, key: tuple | None, call, *, algorithm: str, nbytes: int, launched: list,
              make_out, slow) -> None:
     """Keep a plan after a slow-path call that made exactly one CUDA launch.
 
     ``launched`` holds (compiled, grid, args, consts) of every launch the call made."""
-    if comm.backend != "cuda" or len(launched) != 1 or call.sig is None or call.sig.error:
+    if key is None or comm.backend != "cuda" or len(launched) != 1 or call.sig is None or call.sig.error:
         return
     compiled, grid, args, consts = launched[0]
     if compiled is None:

@@ -208,10 +208,10 @@ class ControlBlock:
             vals = [str(mine.fields[key]) if r == self.rank else s.fields.get(key, "?")
                     for r, s in enumerate(sigs)]
             if len(set(vals)) > 1:
-                groups: dict[str, list[int]] = {}
+                by_value: dict[str, list[int]] = {}
                 for r, v in enumerate(vals):
-                    groups.setdefault(v, []).append(r)
-                shown = ", ".join(f"{_ranks_str(rs)}: {v}" for v, rs in groups.items())
+                    by_value.setdefault(v, []).append(r)
+                shown = ", ".join(f"{_ranks_str(rs)}: {v}" for v, rs in by_value.items())
                 fix = mine.hints.get(key, f"pass the same {key} on every rank")
                 raise RankMismatchError(f"{mine.op}: {key} differs across ranks ({shown}); {fix}")
         # every whole field agrees, yet the encodings differ: in a part too long to show

@@ -350,6 +350,7 @@ def symmetric_empty(shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     try:
         comm.control.agree(Signature(
             "symmetric_empty", {"shape": shape, "dtype": dname, "heap offset": off}, err))
+        assert t is not None  # a full heap on this rank (t None) published err: agree raised
         return t
     except RankMismatchError as e:
         del t  # a failed allocation keeps no block, even while its traceback lives
