@@ -16,10 +16,13 @@ not finished within ``timeout`` seconds is killed (by pid) and reported.
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import pickle
 import queue
+import signal
 import socket
+import tempfile
 import time
 import traceback
 
@@ -40,7 +43,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank_main(rank, world_size, port, backend, fn, args, kwargs, results, env, init=True):
+def _rank_main(rank, world_size, port, backend, fn, args, kwargs, results, env, init=True,
+               stack_file=None):
+    if stack_file is not None:  # kept open: faulthandler writes from its signal handler
+        _rank_main.stacks = open(stack_file, "w")  # type: ignore[attr-defined]
+        faulthandler.register(signal.SIGUSR1, file=_rank_main.stacks, all_threads=True)  # type: ignore[attr-defined]
     os.environ.update(env)
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
                       LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
@@ -72,10 +79,12 @@ def run_world(fn, world_size: int, args: tuple = (), kwargs: dict | None = None,
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
+    stacks = tempfile.TemporaryDirectory(prefix="commlab-world-")
+    stack_files = [os.path.join(stacks.name, f"rank{r}.txt") for r in range(world_size)]
     procs = [
         ctx.Process(target=_rank_main, daemon=True,
                     args=(r, world_size, port, backend, fn, args, kwargs or {}, results,
-                          env or {}, init))
+                          env or {}, init, stack_files[r]))
         for r in range(world_size)
     ]
     for p in procs:
@@ -103,14 +112,19 @@ def run_world(fn, world_size: int, args: tuple = (), kwargs: dict | None = None,
     finally:
         for p in procs:
             p.join(timeout=5 if len(got) == world_size else 0.1)
+        stuck = {r: _stack_of(p, stack_files[r]) for r, p in enumerate(procs)
+                 if p.is_alive() and r not in got}
         for p in procs:
             if p.is_alive():
                 p.kill()  # our own child, by pid
                 p.join(5)
+        stacks.cleanup()
     failures = {r: str(v) for r, (ok, v) in got.items() if not ok}
     missing = [r for r in range(world_size) if r not in got]
     for r in missing:
         failures[r] = f"rank {r} did not finish within {timeout:g} s (killed)"
+        if stuck.get(r):
+            failures[r] += f"; its threads when it was stopped:\n{stuck[r]}"
     if failures:
         text = "\n".join(f"--- rank {r} ---\n{failures[r]}" for r in sorted(failures))
         raise WorldError(f"{len(failures)} of {world_size} ranks failed:\n{text}", failures)
@@ -120,3 +134,18 @@ def run_world(fn, world_size: int, args: tuple = (), kwargs: dict | None = None,
         assert isinstance(payload, bytes)  # every rank succeeded: each sent its pickled result
         out.append(pickle.loads(payload))
     return out
+
+
+def _stack_of(proc, stack_file: str) -> str:
+    """A live rank's Python stacks (all threads), asked for with SIGUSR1 before it is killed."""
+    try:
+        os.kill(proc.pid, signal.SIGUSR1)  # our own child, by pid
+    except ProcessLookupError:
+        return ""
+    for _ in range(30):  # the dump is written from the rank's signal handler: give it a moment
+        time.sleep(0.1)
+        if os.path.getsize(stack_file) > 0:
+            time.sleep(0.3)
+            break
+    with open(stack_file) as f:
+        return f.read()
