@@ -17,21 +17,10 @@
 # Logs and the topology files go to $OUT when set (the device tool brings $OUT back).
 set -u
 cd "$(dirname "$0")/.."
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1 COMMLAB_TIMEOUT=120
 OUTDIR=${OUT:-/tmp/commlab-gpu-checks}
 mkdir -p "$OUTDIR/topo"
-exec > >(tee -a "$OUTDIR/checks.log") 2>&1
-PY=${PYTHON:-python}
-if ls .whl/*.whl >/dev/null 2>&1; then
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH="/tmp/site"
-fi
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-source bench/_steps.sh  # step TAG NAME SECONDS CMD..., STEPS, status
-$PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, \
-'gpus', torch.cuda.device_count(), torch.cuda.get_device_name(0))"
+source bench/_steps.sh  # gpu_env, step TAG NAME SECONDS CMD..., STEPS, status
+gpu_env checks.log
 step compile "kernels compiled for sm_90: registers, spills" 120 $PY bench/checks/compile_check.py "$OUTDIR/ir"
 step gemm_tail "Triton GEMM, split tail off/on vs cuBLAS (one GPU)" 200 \
   $PY bench/probes/gpu_gemm_variants.py --out "$OUTDIR"

@@ -9,17 +9,10 @@
 # torch symm-mem, one rank; torch_backend: "cpu:gloo,cuda:commlab" vs NCCL, one rank.
 set -u
 cd "$(dirname "$0")/.."
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1 COMMLAB_TIMEOUT=120
 OUTDIR=${OUT:-/tmp/commlab-gpu-one}
-mkdir -p "$OUTDIR"
-exec > >(tee -a "$OUTDIR/one.log") 2>&1
-PY=${PYTHON:-python}
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-source bench/_steps.sh
+source bench/_steps.sh  # gpu_env, step TAG NAME SECONDS CMD..., STEPS, status
+gpu_env one.log
 RUN1="$PY -m torch.distributed.run --standalone --nproc-per-node 1"
-$PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, \
-'gpus', torch.cuda.device_count(), torch.cuda.get_device_name(0))"
 step compile "kernels compiled for sm_90: registers, spills" 150 $PY bench/checks/compile_check.py
 step smoke "smoke, one rank" 200 $RUN1 bench/checks/gpu_smoke.py
 step tests "gpu tests" 300 $PY -m pytest -m gpu -q -p no:cacheprovider -rs tests

@@ -9,19 +9,14 @@
 # Everything it writes is also copied to $OUT when set (the device tool brings $OUT back).
 set -u
 cd "$(dirname "$0")/.."
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-# NVLink multicast stays off: NCCL NVLS, PyTorch symmetric memory, NVSHMEM.
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export COMMLAB_TUNING_DIR="$PWD/bench/results/tuning" COMMLAB_TIMEOUT=120
+OUTDIR=${OUT:-/tmp/commlab-gpu-suite}
+source bench/_steps.sh  # gpu_env, step TAG NAME SECONDS CMD..., STEPS, status
 STAMP=$(mktemp)  # files written after this are this run's results
-if [ -n "${OUT:-}" ]; then exec > >(tee -a "$OUT/gpu_suite.log") 2>&1; fi
-PY=${PYTHON:-python}
+gpu_env gpu_suite.log
+export COMMLAB_TUNING_DIR="$PWD/bench/results/tuning"
 NGPU=${NGPU:-2}
 RUN="$PY -m torch.distributed.run --standalone --nproc-per-node $NGPU"
 SIZES=8,64,1KiB,8KiB,64KiB,256KiB,1MiB,4MiB,16MiB,64MiB,256MiB,1GiB
-source bench/_steps.sh  # step TAG NAME SECONDS CMD..., STEPS, status
-$PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, \
-'gpus', torch.cuda.device_count(), torch.cuda.get_device_name(0))"
 step tests "gpu tests" 150 $PY -m pytest -m gpu -q -p no:cacheprovider -rs tests
 step bench "bench eager+graph" 230 $RUN -m commlab.bench --sizes $SIZES --mode both --iters 20 \
   --no-progress --out bench/results
