@@ -87,15 +87,21 @@ def broadcast_(comm, t: torch.Tensor, src: int) -> None:
         t.copy_(from_words(y, per, t.dtype, t.shape))
 
 
-def all_gather_into_(comm, out: torch.Tensor, inp: torch.Tensor) -> None:
-    W = comm.world_size
-    err = ""
+def _sizes(op: str, W: int, out: torch.Tensor, inp: torch.Tensor, whole: str) -> str:
+    """The rule of the *_tensor forms: one dtype, and the ``whole`` side ("output" for a
+    gather, "input" for a reduce-scatter) holds world size times the other's elements."""
     if out.dtype != inp.dtype:
-        err = (f"all_gather_into_tensor: output dtype {_dt(out.dtype)} differs from input "
-               f"dtype {_dt(inp.dtype)}; pass an output of the input's dtype")
-    elif out.numel() != W * inp.numel():
-        err = (f"all_gather_into_tensor: output has {out.numel()} elements, but world size "
-               f"{W} x input {inp.numel()} = {W * inp.numel()}; size the output to match")
+        return (f"{op}: output dtype {_dt(out.dtype)} differs from input dtype "
+                f"{_dt(inp.dtype)}; pass an output of the input's dtype")
+    (big, bn), (small, sn) = ((out, "output"), (inp, "input"))[::1 if whole == "output" else -1]
+    if big.numel() != W * small.numel():
+        return (f"{op}: {bn} has {big.numel()} elements, but world size {W} x {sn} "
+                f"{small.numel()} = {W * small.numel()}; size the {bn} to match")
+    return ""
+
+
+def all_gather_into_(comm, out: torch.Tensor, inp: torch.Tensor) -> None:
+    err = _sizes("all_gather_into_tensor", comm.world_size, out, inp, whole="output")
     check(comm, "all_gather", err)
     if inp.dtype not in NATIVE:
         agree(comm, "dist.all_gather", dtype=_dt(inp.dtype), shape=tuple(inp.shape))
@@ -120,13 +126,7 @@ def all_gather_list_(comm, outs: list, inp: torch.Tensor) -> None:
 
 def reduce_scatter_into_(comm, out: torch.Tensor, inp: torch.Tensor, name: str) -> None:
     W = comm.world_size
-    err = ""
-    if out.dtype != inp.dtype:
-        err = (f"reduce_scatter_tensor: output dtype {_dt(out.dtype)} differs from input "
-               f"dtype {_dt(inp.dtype)}; pass an output of the input's dtype")
-    elif inp.numel() != W * out.numel():
-        err = (f"reduce_scatter_tensor: input has {inp.numel()} elements, but world size "
-               f"{W} x output {out.numel()} = {W * out.numel()}; size the input to match")
+    err = _sizes("reduce_scatter_tensor", W, out, inp, whole="input")
     check(comm, "reduce_scatter", err)
     if not in_kernel(name, inp.dtype):
         agree(comm, "dist.reduce_scatter", dtype=_dt(inp.dtype), shape=tuple(inp.shape),
