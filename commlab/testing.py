@@ -43,11 +43,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+_STACKS: list = []  # a rank's stack-dump file, open for its whole life
+
+
 def _rank_main(rank, world_size, port, backend, fn, args, kwargs, results, env, init=True,
                stack_file=None):
     if stack_file is not None:  # kept open: faulthandler writes from its signal handler
-        _rank_main.stacks = open(stack_file, "w")  # type: ignore[attr-defined]
-        faulthandler.register(signal.SIGUSR1, file=_rank_main.stacks, all_threads=True)  # type: ignore[attr-defined]
+        _STACKS.append(open(stack_file, "w"))
+        faulthandler.register(signal.SIGUSR1, file=_STACKS[-1], all_threads=True)
     os.environ.update(env)
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
                       LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
@@ -144,8 +147,11 @@ def _stack_of(proc, stack_file: str) -> str:
         return ""
     for _ in range(30):  # the dump is written from the rank's signal handler: give it a moment
         time.sleep(0.1)
-        if os.path.getsize(stack_file) > 0:
+        if os.path.exists(stack_file) and os.path.getsize(stack_file) > 0:
             time.sleep(0.3)
             break
-    with open(stack_file) as f:
-        return f.read()
+    try:
+        with open(stack_file) as f:
+            return f.read()
+    except OSError:  # the rank never got as far as opening it
+        return ""
