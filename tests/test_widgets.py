@@ -107,7 +107,20 @@ def test_timeline_warning_follows_the_threshold_the_user_sets():
     assert "communication-heavy" in v.warning.value
     v.threshold.value = 3.0
     assert v.warning.value == ""
-    assert "200%" not in v.metrics.value and "<td>20.0</td>" in v.metrics.value
+    assert "200%" not in v.metrics.value and "<td>0.020</td>" in v.metrics.value  # 20 µs
+
+
+def test_timeline_labels_its_times_in_ms_and_fills_the_output_width():
+    spans = [{"name": "gemm", "kind": "compute", "rank": 0, "start_us": 0, "end_us": 12_345},
+             {"name": "ar", "kind": "comm", "rank": 0, "start_us": 2_000, "end_us": 2_500_000}]
+    v = show_timeline(spans)
+    assert v.figure.layout.xaxis.title.text == "time (ms)"
+    bar = next(d for d in v.figure.data if d.name == "comm")
+    assert bar.base == (2.0,) and bar.x == (2498.0,)  # ms
+    assert "2.00 → 2,500 ms" in bar.hovertext[0]
+    assert "<td>2,498</td>" in v.metrics.value and "comm ms" in v.metrics.value
+    assert v.figure.layout.width is None and v.figure.layout.autosize
+    assert v.figure._config["responsive"] and v.widget.layout.width == "100%"
 
 
 def test_pump_batches_updates_to_about_ten_per_second():

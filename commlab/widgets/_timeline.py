@@ -12,6 +12,7 @@ import html
 import re
 
 from commlab.trace import Span, overlap_metrics, ratio_warnings, to_chrome_trace
+from commlab.trace.overlap import fmt_time
 from commlab.widgets._style import FIG_CONFIG, style_figure
 
 # comm/compute above which the box warns, per backend: on GPUs communication outweighing
@@ -34,6 +35,17 @@ def _as_dict(s) -> dict:
                              f"Span objects or Span.to_dict() plus 'rank'")
         return s
     raise TypeError(f"show_timeline: expected Span or dict, got {type(s).__name__}")
+
+
+def fmt_ms(us: float) -> str:
+    """A time in µs as milliseconds, thousands separated: 20 -> '0.020', 12345 -> '12.35',
+    2.5e6 -> '2,500'."""
+    ms = us / 1e3
+    if abs(ms) >= 100:
+        return f"{ms:,.0f}"
+    if abs(ms) >= 1:
+        return f"{ms:,.2f}"
+    return f"{ms:.3f}"
 
 
 def _natural(s: str):
@@ -83,17 +95,18 @@ class TimelineModel:
         return sorted(keys, key=keys.__getitem__)
 
     def bars(self) -> dict[str, dict]:
-        """Per kind: lists y (lane), base (start µs), x (duration µs), hover text."""
+        """Per kind: lists y (lane), base (start ms), x (duration ms), hover text."""
         out: dict[str, dict] = {}
         for s in sorted(self.spans, key=lambda s: s["start_us"]):
             b = out.setdefault(s["kind"], {"y": [], "base": [], "x": [], "text": []})
             dur = max(s["end_us"] - s["start_us"], 1e-3)
             b["y"].append(self.lane_of(s))
-            b["base"].append(s["start_us"])
-            b["x"].append(dur)
+            b["base"].append(s["start_us"] / 1e3)
+            b["x"].append(dur / 1e3)
             extra = "".join(f"<br>{k}: {s[k]}" for k in ("bytes", "algorithm") if s.get(k))
             b["text"].append(f"{html.escape(s['name'])} ({s['kind']})<br>"
-                             f"{s['start_us']:.1f} → {s['end_us']:.1f} µs ({dur:.1f} µs){extra}")
+                             f"{fmt_ms(s['start_us'])} → {fmt_ms(s['end_us'])} ms "
+                             f"({fmt_time(dur)}){extra}")
         return out
 
     def metrics(self):
@@ -103,17 +116,21 @@ class TimelineModel:
         return ratio_warnings(self.metrics(), self.threshold)
 
     def metrics_html(self) -> str:
-        def f(v, pct=False):
-            if v is None:
-                return "—"
-            return f"{100 * v:.0f}%" if pct else f"{v:.1f}"
+        def f(v, fmt):
+            return "—" if v is None else fmt(v)
+
+        def pct(v):
+            return f"{100 * v:.0f}%"
+
+        def ratio(v):
+            return f"{v:,.1f}"
 
         rows = "".join(
-            f"<tr><td>{r}</td><td>{f(m.comm_us)}</td><td>{f(m.compute_us)}</td>"
-            f"<td>{f(m.overlap_ratio, True)}</td><td>{f(m.exposed_comm_us)}</td>"
-            f"<td>{f(m.comm_compute_ratio)}</td></tr>" for r, m in self.metrics().items())
-        return ("<table class='commlab-overlap'><tr><th>rank</th><th>comm µs</th>"
-                "<th>compute µs</th><th>overlap |comm∩comp|/|comm|</th><th>exposed comm µs</th>"
+            f"<tr><td>{r}</td><td>{f(m.comm_us, fmt_ms)}</td><td>{f(m.compute_us, fmt_ms)}</td>"
+            f"<td>{f(m.overlap_ratio, pct)}</td><td>{f(m.exposed_comm_us, fmt_ms)}</td>"
+            f"<td>{f(m.comm_compute_ratio, ratio)}</td></tr>" for r, m in self.metrics().items())
+        return ("<table class='commlab-overlap'><tr><th>rank</th><th>comm ms</th>"
+                "<th>compute ms</th><th>overlap |comm∩comp|/|comm|</th><th>exposed comm ms</th>"
                 f"<th>comm/compute</th></tr>{rows}</table>")
 
     def warnings_html(self) -> str:
@@ -150,7 +167,7 @@ class TimelineView:
         self.figure.update_layout(
             title={"text": title, "x": 0.01, "xanchor": "left"}, barmode="overlay",
             dragmode="pan", height=300, margin={"l": 140, "r": 120, "t": 40, "b": 40},
-            xaxis={"title": "µs", "rangeslider": {"visible": True, "thickness": 0.06}},
+            xaxis={"title": {"text": "time (ms)"}, "rangeslider": {"visible": True, "thickness": 0.06}},
             yaxis={"autorange": "reversed", "type": "category"})
         style_figure(self.figure, legend_title="span kind")
         self.threshold = W.BoundedFloatText(value=self.model.threshold, min=0.0, max=1e6,
@@ -160,7 +177,9 @@ class TimelineView:
         self.threshold.observe(self._on_threshold, names="value")
         self.metrics = W.HTML()
         self.warning = W.HTML()
-        self.widget = W.VBox([self.warning, self.figure, W.HBox([self.threshold]), self.metrics])
+        # the output area's full width: the figure autosizes into its box (no width set)
+        self.widget = W.VBox([self.warning, self.figure, W.HBox([self.threshold]), self.metrics],
+                             layout=W.Layout(width="100%"))
         self._draw()
 
     def add_spans(self, spans) -> None:
