@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 
@@ -50,16 +51,18 @@ def test_linkbench_result_round_trips_through_json(tmp_path):
     assert LinkBenchResult.load(r.save(tmp_path / "lb.json")) == r
 
 
-def test_linkbench_view_shows_gbps_and_percent_of_peak_per_cell():
+def test_linkbench_view_shows_gbps_and_percent_of_the_local_copy_per_cell_on_cpu():
     r = _result(2)
     d = heatmap_data(r, "memcpy", 65536)
     assert d["z"] == [[40, 44], [80, 84]]
-    assert d["text"][0][1] == "44 GB/s<br>110% of peak"
+    # on CPU the reference is the reader's own measured copy rate, never called a peak
+    assert d["text"][0][1] == "44 GB/s<br>110% of local copy"
     assert len(curves(r, "triton")) == 4
     v = LinkBenchView(r)
     v.method.value, v.size.value = "memcpy", 4096
     assert [list(row) for row in v.heatmap.data[0].z] == [[20, 22], [40, 42]]
-    assert len([t for t in v.curve.data if t.name.startswith("peak")]) == 2
+    assert len([t for t in v.curve.data if t.name.startswith("local copy")]) == 2
+    assert not any("peak" in t.name for t in v.curve.data)
 
 
 def test_topology_graph_highlights_the_route_and_paints_live_rates():
@@ -83,6 +86,43 @@ def test_clicking_a_link_shows_its_per_link_detail():
     assert "NV18" in x.matrix.value
     x.route_picker.value = "all_to_all"
     assert x.figure.data[k].line.color == "#ff7f0e"
+    # the copy-engine rate is labelled as a measurement, the spec rate as the link's peak
+    assert "measured copy GB/s (a benchmark&#x27;s rate, not the link&#x27;s)" in x.detail.value
+    assert "link peak GB/s per direction (spec)" in x.detail.value and "82%" in x.detail.value
+    assert "DESIGN.md" not in x.model.topology.description + "".join(x.model.topology.sources)
+
+
+def _through(g) -> list[tuple[str, str, str]]:
+    """(a, b, n): drawn edge a-b passes within 0.15 of node n, which it does not end at."""
+    out = []
+    for e in g.edges:
+        (ax, ay), (bx, by) = g.positions[e.a], g.positions[e.b]
+        dx, dy = bx - ax, by - ay
+        for n, (px, py) in g.positions.items():
+            if n in (e.a, e.b):
+                continue
+            t = max(0.0, min(1.0, ((px - ax) * dx + (py - ay) * dy) / (dx * dx + dy * dy)))
+            if math.hypot(px - ax - t * dx, py - ay - t * dy) < 0.15:
+                out.append((e.a, e.b, n))
+    return out
+
+
+@pytest.mark.parametrize("name", ["2xh200-nv18", "2xh200-recorded", "8xh100-nvswitch",
+                                  "8xmi300x-xgmi"])
+def test_topology_samples_draw_no_link_through_another_node(name):
+    g = TopologyGraph(T.sample(name))
+    assert _through(g) == []
+    close = [(a, b) for a in g.positions for b in g.positions
+             if a < b and math.dist(g.positions[a], g.positions[b]) < 0.5]
+    assert close == []  # room for each node's label
+
+
+def test_switched_topology_has_an_edge_colour_legend_and_labels_off_the_lines():
+    x = TopologyExplorer(T.sample("8xh100-nvswitch"))
+    assert {t.name for t in x.figure.data if t.showlegend is not False} == {
+        "NVLink", "PCIe", "CPU socket link"}
+    nodes = x.figure.data[-1]
+    assert set(nodes.textposition) == {"middle right", "top center", "bottom center"}
 
 
 def test_timeline_puts_tile_spans_in_sub_lanes_under_their_rank():

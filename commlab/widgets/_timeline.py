@@ -167,7 +167,8 @@ class TimelineView:
         self.figure.update_layout(
             title={"text": title, "x": 0.01, "xanchor": "left"}, barmode="overlay",
             dragmode="pan", height=300, margin={"l": 140, "r": 120, "t": 40, "b": 40},
-            xaxis={"title": {"text": "time (ms)"}, "rangeslider": {"visible": True, "thickness": 0.06}},
+            xaxis={"title": {"text": "time (ms)"},
+                   "rangeslider": {"visible": True, "thickness": 0.06}},
             yaxis={"autorange": "reversed", "type": "category"})
         style_figure(self.figure, legend_title="span kind")
         self.threshold = W.BoundedFloatText(value=self.model.threshold, min=0.0, max=1e6,

@@ -35,11 +35,14 @@ class TopologyGraph:
     # -- layout ----------------------------------------------------------------------------
     def _layout(self) -> dict[str, tuple[float, float]]:
         t = self.topology
-        pos: dict[str, tuple[float, float]] = {}
         devs = t.devices()
         order = [rank_nodes(t).get(r) for r in sorted(rank_nodes(t))]
         devs = sorted(devs, key=lambda n: order.index(n.id) if n.id in order else 99)
-        r = 1.0 + 0.12 * max(0, len(devs) - 4)  # room for the switches in the middle
+        self.layered = len(devs) > 2 and bool(t.nodes_of("nvswitch"))
+        if self.layered:
+            return self._layers(devs)
+        pos: dict[str, tuple[float, float]] = {}
+        r = 1.0 + 0.12 * max(0, len(devs) - 4)
         # two devices side by side: the CPU below then links each without crossing the other
         start = math.pi if len(devs) == 2 else math.pi / 2
         for k, n in enumerate(devs):  # ring order around a circle: a ring is a circle
@@ -52,6 +55,29 @@ class TopologyGraph:
                 x = (k - (len(group) - 1) / 2) * step
                 yy = y + (0.25 * r if kind == "nvswitch" and k % 2 else 0.0)
                 pos[n.id] = (x, yy)
+        return pos
+
+    def _layers(self, devs) -> dict[str, tuple[float, float]]:
+        """Switched GPUs in rows, so no line runs through a node it does not end at:
+        CPUs on top, each NIC above the GPU it shares a PCIe switch with, the GPUs, the
+        NVSwitches below (every GPU-switch line then joins two adjacent rows)."""
+        t = self.topology
+        pos = {n.id: (float(k), 1.0) for k, n in enumerate(devs)}
+        sw = t.nodes_of("nvswitch")
+        span = len(devs) - 1
+        for k, n in enumerate(sw):
+            pos[n.id] = ((k + 0.5) * span / len(sw) if len(sw) > 1 else span / 2, -1.5)
+
+        def near(n, paths) -> list[float]:  # x of the GPUs n reaches through ``paths``
+            return [pos[o][0] for e in t.edges if n.id in (e.a, e.b) and e.path in paths
+                    for o in (e.b if e.a == n.id else e.a,) if o in pos and
+                    t.node(o).kind == "gpu"]
+
+        for kind, y, paths in (("nic", 2.5, ("PIX", "PXB")), ("cpu", 4.2, ("PHB",))):
+            group = t.nodes_of(kind)
+            for k, n in enumerate(group):
+                xs = near(n, paths)
+                pos[n.id] = (sum(xs) / len(xs) if xs else (k + 0.5) * span / len(group), y)
         return pos
 
     def _drawn(self, e) -> bool:
@@ -88,6 +114,12 @@ class TopologyGraph:
             return f"NIC{n.id[3:]}"
         return n.label.split(" / ")[0] if n.kind == "cpu" else (n.label or n.id)
 
+    def text_position(self, n) -> str:
+        """Where a node's label goes: off the lines that leave it."""
+        if not self.layered:
+            return "bottom center"
+        return {"cpu": "top center", "nvswitch": "bottom center"}.get(n.kind, "middle right")
+
     def edge_style(self, e) -> tuple[str, float, str]:
         """(colour, width, label) of an edge now."""
         label = e.path
@@ -109,12 +141,14 @@ class TopologyGraph:
     def edge_detail(self, index: int) -> dict:
         e = self.edges[index]
         d = {"edge": f"{e.a} — {e.b}", "kind": e.kind, "class": e.path,
-             "peak GB/s per direction": e.peak_gbps or "unknown",
+             "link peak GB/s per direction (spec)": e.peak_gbps or "unknown",
              "measured copy GB/s (a benchmark's rate, not the link's)":
                  e.measured_gbps if e.measured_gbps is not None else "—",
              "links up": f"{e.links_up} of {len(e.links)}" if e.links else "—",
              "p2p": ", ".join(f"{k}: {v}" for k, v in e.p2p.items()) or "—",
              "source": e.source}
+        if e.measured_gbps and e.peak_gbps:
+            d["measured / link peak"] = f"{100 * e.measured_gbps / e.peak_gbps:.0f}%"
         d.update({k: v for k, v in e.attrs.items()})
         if e.key in self.rates:
             d["live GB/s"] = round(self.rates[e.key], 2)
@@ -193,15 +227,21 @@ class TopologyExplorer:
         rank_of = {v: k for k, v in rank_nodes(topology).items()}
         fig.add_scatter(
             x=[g.positions[n.id][0] for n in nodes], y=[g.positions[n.id][1] for n in nodes],
-            mode="markers+text", textposition="bottom center", showlegend=False,
+            mode="markers+text", textposition=[g.text_position(n) for n in nodes],
+            showlegend=False,
             text=[g.short_label(n) + (f" r{rank_of[n.id]}" if n.id in rank_of and n.kind != "rank"
                                       else "") for n in nodes],
             hovertext=[f"{n.label}<br>{n.kind}<br>source: {n.source}" for n in nodes],
             hoverinfo="text", marker={"size": 26, "symbol": "square",
                                       "color": [KIND_COLOR.get(n.kind, "#999") for n in nodes]})
+        xs = [p[0] for p in g.positions.values()] or [0.0]
+        # rows: room on the right for the last node's label ("middle right")
+        xrange = {"range": [min(xs) - 0.6, max(xs) + 1.0]} if g.layered else {}
         fig.update_layout(title=title or topology.name, height=520, margin={"l": 10, "r": 10,
-                          "t": 40, "b": 10}, xaxis={"visible": False},
-                          yaxis={"visible": False, "scaleanchor": "x"},
+                          "t": 40, "b": 10}, xaxis={"visible": False, **xrange},
+                          # rows (switched GPUs) use the width; a circle stays round
+                          yaxis={"visible": False} if g.layered else
+                          {"visible": False, "scaleanchor": "x"},
                           legend={"x": 1.0, "xanchor": "left", "y": 1, "title": {"text": "links"}},
                           paper_bgcolor="rgba(0,0,0,0)", plot_bgcolor="rgba(0,0,0,0)",
                           font={"color": "#888"})
