@@ -184,6 +184,29 @@ def test_breakpoint_on_a_rank_opens_a_prompt_labelled_by_rank(ip, monkeypatch):
     assert prompts == ["[rank 1] (Pdb) ", "[rank 1] (Pdb) "]
     assert "[rank 1] 44" in out
     assert "[rank 0] after 21" in out and "[rank 1] after 22" in out
+    # Pdb stops at the cell's next line (IPython runs each statement as its own code
+    # object), not at the breakpoint() line's --Return--, as notebook 01 shows
+    assert "[rank 1] -> print('after', secret)" in out and "--Return--" not in out
+
+
+def test_the_other_ranks_output_shows_while_one_rank_waits_in_pdb(ip, monkeypatch):
+    import sys
+
+    import commlab.engine._wait as wait
+
+    seen = []
+
+    def ask(prompt):  # answers once rank 0's late line is on the notebook's stdout
+        deadline = time.monotonic() + 20
+        while "[rank 0] late" not in sys.stdout.getvalue() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        seen.append("[rank 0] late" in sys.stdout.getvalue())
+        return "c"
+
+    monkeypatch.setattr(wait, "ask", ask)
+    cell(ip, "import time\nif rank == 1:\n    breakpoint()\nelse:\n    time.sleep(1.5)\n"
+             "    print('late', flush=True)\n")
+    assert seen == [True]  # shown while the prompt waited, not held until 'c'
 
 
 def test_breakpoint_inside_a_triton_kernel_on_the_cpu_backend(ip, monkeypatch):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import signal
 import sys
+import threading
 import time
 
 from commlab import _config
@@ -101,11 +102,29 @@ class CellRun:
             elif kind == "prompt":
                 # the other ranks' output so far first: they are running, not stuck
                 self.out.pump(self.running(), final=True)
-                relay.answer(rank, ask(f"[rank {rank}] {payload}"))
+                relay.answer(rank, self._ask_while_showing(rank, f"[rank {rank}] {payload}"))
             elif kind == "end" and payload:
                 self.quit_rank = rank
             self.paused += time.monotonic() - t0
             self.first_done = None  # a rank in the debugger is not hung
+
+    def _ask_while_showing(self, rank: int, prompt: str) -> str:
+        """``ask`` the user; while the prompt waits, a thread goes on showing the other
+        ranks' output as it comes (the main thread is blocked in ``input``). Their lines
+        do not wait for ``rank``'s: it prints through Pdb meanwhile."""
+        stop = threading.Event()
+
+        def show() -> None:
+            while not stop.wait(0.2):
+                self.out.pump(self.running() - {rank})
+
+        t = threading.Thread(target=show, daemon=True, name="commlab-pdb-output")
+        t.start()
+        try:
+            return ask(prompt)
+        finally:
+            stop.set()
+            t.join()
 
     def _stop_after_quit(self, running: set[int]) -> None:
         """The user quit Pdb on one rank: end the cell on the others too, then recover."""
