@@ -138,10 +138,29 @@ def test_hang_is_detected_from_per_rank_completion_without_timeout(ip):
 
 def test_slow_rank_that_is_computing_is_not_reported_as_hung(ip):
     # rank 0 computes (not in a collective) for longer than the grace period
-    out = cell(ip, "import time\nif rank == 0:\n    time.sleep(2.5)\nprint('finished')\n",
-               "--grace 0.5").stdout
+    cap = cell(ip, "import time\nif rank == 0:\n    time.sleep(3.5)\nprint('finished')\n",
+               "--grace 0.5")
+    out = cap.stdout
     assert "[ranks 0, 1] finished" in out or ("[rank 0] finished" in out
                                               and "[rank 1] finished" in out)
+    # the wait said what it waits for after ~2 s (a progress line, gone at the end)
+    assert "rank 1 finished; waiting for rank 0" in cap.stderr, cap.stderr
+
+
+def test_commbench_steps_its_progress_per_op_and_size(ip, monkeypatch):
+    import commlab.widgets as widgets
+
+    steps = []
+
+    class Recording(widgets.Progress):
+        def step(self, done, total=None, what=""):
+            steps.append((done, what))
+            super().step(done, total, what)
+
+    monkeypatch.setattr(widgets, "Progress", Recording)
+    magic(ip, "commbench", "--sizes 8,64 --iters 1 --algorithms gloo")
+    assert steps == [(0, "all_reduce 8 B"), (1, "all_reduce 64 B"), (2, "done")]
+    assert len(ip.user_ns["_commbench"]) == 2  # one record per size, merged
 
 
 def test_ctrl_c_reaches_every_rank_and_the_world_stays_usable(ip):

@@ -259,3 +259,17 @@ def test_figures_share_colours_per_implementation_and_label_bytes_in_binary_unit
     assert len(set(many.values())) == 12  # no colour repeats after 10 traces
     ax = byte_axis([4096, 65536])
     assert ax["ticktext"][0] == "4 KiB" and ax["ticktext"][-1] == "64 KiB"
+
+
+def test_progress_shows_only_after_its_delay_and_follows_the_steps(monkeypatch, capsys):
+    from commlab.widgets import Progress, _progress
+
+    monkeypatch.setattr(_progress, "DELAY_S", 0.3)
+    with Progress("quick", total=2) as p:
+        p.step(1)
+    assert "quick" not in capsys.readouterr().err  # quick work shows nothing
+    with Progress("slow work", total=3) as p:
+        p.step(1, 3, "first part")
+        time.sleep(1.2)
+    err = capsys.readouterr().err
+    assert "slow work: 1/3" in err and "first part" in err

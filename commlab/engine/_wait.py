@@ -57,6 +57,7 @@ class CellRun:
         self.last_alive_check = 0.0
         self.first_done: float | None = None
         self.paused = 0.0  # seconds spent in the debugger (not counted by --timeout)
+        self.wait_line = None  # the progress line while finished ranks wait for the others
 
     def running(self) -> set[int]:
         return {r for r, f in self.fut.items() if not f.done()}
@@ -70,10 +71,28 @@ class CellRun:
         except KeyboardInterrupt:
             self._interrupted()
         finally:
+            self._end_wait_line()
             if self.ar.ready():
                 self.ar.wait_for_output(5)
             self.out.pump(set(), final=True)
         return self._finish()
+
+    def _show_wait_line(self, running: set[int]) -> None:
+        """Some ranks finished, the others still run: say so (after ~2 s, ticking) until
+        they finish or the hang report comes."""
+        if self.wait_line is not None:
+            return
+        from commlab.widgets import Progress
+
+        done = sorted(set(self.msg) - running)
+        self.wait_line = Progress(f"{ranks_str(done)} finished; waiting for "
+                                  f"{ranks_str(sorted(running))} (stacks reported if blocked "
+                                  f"in a collective for {self.grace:g} s)").__enter__()
+
+    def _end_wait_line(self) -> None:
+        if self.wait_line is not None:
+            self.wait_line.__exit__(None, None, None)
+            self.wait_line = None
 
     def _turn(self) -> None:
         self.ar.wait(0.02)
@@ -107,6 +126,7 @@ class CellRun:
                 self.quit_rank = rank
             self.paused += time.monotonic() - t0
             self.first_done = None  # a rank in the debugger is not hung
+            self._end_wait_line()
 
     def _ask_while_showing(self, rank: int, prompt: str) -> str:
         """``ask`` the user; while the prompt waits, a thread goes on showing the other
@@ -161,6 +181,8 @@ class CellRun:
         over = self.timeout is not None and now - self.start - self.paused > self.timeout
         if running and len(running) < len(self.msg) and self.first_done is None:
             self.first_done = now
+        if self.first_done is not None:
+            self._show_wait_line(running)
         late = self.first_done is not None and now - self.first_done > self.grace
         if not (over or late):
             return
@@ -183,6 +205,7 @@ class CellRun:
             report.append(f"{ranks_str(done)} had finished the cell: a collective called on "
                           f"only some ranks (e.g. under `if rank == 0:`) waits for the others "
                           f"forever; call it on every rank.")
+        self._end_wait_line()
         report.append(self._recover(sorted(running)))
         self.out.pump(set(), final=True)
         full = [report[0], *whole, *report[1 + len(parts):]]
