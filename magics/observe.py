@@ -143,9 +143,7 @@ class ObserveMagics(Magics):
             return None
         from commlab.widgets import TopologyExplorer
 
-        x = TopologyExplorer(topo)
-        if args.route:
-            x.route_picker.value = args.route
+        x = TopologyExplorer(topo, route=args.route or "")
         if args.live:
             _SAMPLER = self._live(topo, x)
         LAST["explorer"] = x

@@ -231,7 +231,9 @@ def test_warning_threshold_is_per_backend_and_the_box_is_one_line():
     gpu = TimelineModel(spans, backend="cuda")
     box = gpu.warnings_html()
     assert gpu.threshold == 1.0 and "<ul>" not in box and "<li>" not in box
-    assert "50.0 ms" in box and "50.0x" in box and "var(--jp-warn-color3" in box
+    assert "50.0 ms" in box and "50.0x" in box
+    # the theme's text colour on a translucent background (dark theme: not white on light)
+    assert "var(--jp-ui-font-color1" in box and "rgba(255,152,0,0.18)" in box
 
 
 def test_show_timeline_displays_once_even_inside_a_block():

@@ -7,7 +7,7 @@ from __future__ import annotations
 import html
 
 from commlab.topology._bench_result import LinkBenchResult, fmt_bytes
-from commlab.widgets._style import FIG_CONFIG, byte_axis, style_figure
+from commlab.widgets._style import byte_axis, figure_widget, style_figure
 
 
 def heatmap_data(res: LinkBenchResult, method: str, size: int | None = None) -> dict:
@@ -53,16 +53,14 @@ class LinkBenchView:
                                  description="method")
         self.size = W.Dropdown(options=[(fmt_bytes(s), s) for s in result.sizes],
                                value=result.sizes[-1], description="size")
-        self.heatmap = go.FigureWidget()
-        self.heatmap._config = dict(FIG_CONFIG)  # before any trace: see _timeline
+        self.heatmap = go.Figure()  # built in full, then widgets: see figure_widget
         self.heatmap.add_heatmap(z=[[0]], colorscale="Viridis", colorbar={"title": "GB/s"},
                                  texttemplate="%{text}", hovertemplate="rank %{y} reads rank "
                                  "%{x}: %{text}<extra></extra>")
         self.heatmap.update_layout(height=400, width=400, margin={"t": 40, "l": 60, "r": 10,
                                    "b": 40}, yaxis={"autorange": "reversed", "title": "reader"},
                                    xaxis={"title": "source"})
-        self.curve = go.FigureWidget()
-        self.curve._config = dict(FIG_CONFIG)
+        self.curve = go.Figure()
         self.curve.update_layout(height=400, width=500, margin={"t": 40, "l": 60, "r": 10,
                                  "b": 40}, xaxis=byte_axis(result.sizes, "message size"),
                                  yaxis={"title": "bandwidth (GB/s)", "type": "log"})
@@ -76,11 +74,12 @@ class LinkBenchView:
         self.note = W.HTML(f"<small>{html.escape(result.device)} · {result.backend} · "
                            f"GB/s = bytes / median time · % of {reference_name(result)}: "
                            f"{peak_src}</small>")
+        self._draw()
+        self.heatmap, self.curve = figure_widget(self.heatmap), figure_widget(self.curve)
         self.method.observe(lambda ch: self._draw(), names="value")
         self.size.observe(lambda ch: self._draw(), names="value")
         self.widget = W.VBox([W.HBox([self.method, self.size]),
                               W.HBox([self.heatmap, self.curve]), self.note])
-        self._draw()
 
     def update(self, result: LinkBenchResult) -> None:
         """Show a new result (batched through the pump)."""

@@ -65,3 +65,25 @@ def style_figure(fig, *, legend_title: str = "") -> None:
                               "title": {"text": legend_title}}, **theme_layout())
     fig.update_xaxes(gridcolor=grid, zerolinecolor=grid)
     fig.update_yaxes(gridcolor=grid, zerolinecolor=grid)
+
+
+def figure_widget(fig, **config):
+    """``fig``, a go.Figure built in full, as a FigureWidget that fits the output width.
+
+    Its traces and layout travel in the widget's first state sync: traces added to a
+    FigureWidget before JupyterLab has drawn it are messages the page may drop (it then
+    draws an empty plot). Drawn before it is attached, plotly sizes the plot 700 px wide;
+    one relayout after the first draw re-measures it (autosize) in its output area."""
+    import plotly.graph_objects as go
+
+    w = go.FigureWidget(fig)
+    w._config = dict(FIG_CONFIG, **config)
+    fitted: list = []
+
+    def refit(change) -> None:
+        if change["new"] is not None and not fitted:
+            fitted.append(True)
+            w.layout.meta = "fit"  # any relayout: plotly autosizes into the attached box
+
+    w.observe(refit, names="_js2py_layoutDelta")
+    return w

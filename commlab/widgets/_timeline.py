@@ -13,7 +13,7 @@ import re
 
 from commlab.trace import Span, overlap_metrics, ratio_warnings, to_chrome_trace
 from commlab.trace.overlap import fmt_time
-from commlab.widgets._style import FIG_CONFIG, style_figure
+from commlab.widgets._style import figure_widget, style_figure
 
 # comm/compute above which the box warns, per backend: on GPUs communication outweighing
 # compute is worth a look; on the CPU backend Triton's interpreter runs communication
@@ -138,8 +138,9 @@ class TimelineModel:
         if not w:
             return ""
         items = html.escape("; ".join(w))
-        # JupyterLab's own warning colours: readable in its light and dark themes alike
-        return ("<div class='commlab-warning' style='background:var(--jp-warn-color3,#fff3cd);"
+        # the theme's text colour on a translucent orange: readable in JupyterLab's light
+        # and dark themes alike (its --jp-warn-color3 is light orange in both)
+        return ("<div class='commlab-warning' style='background:rgba(255,152,0,0.18);"
                 "color:var(--jp-ui-font-color1,#222);border-left:4px solid "
                 "var(--jp-warn-color1,#e0a800);padding:2px 8px;white-space:nowrap;"
                 "overflow:hidden;text-overflow:ellipsis' "
@@ -160,10 +161,7 @@ class TimelineView:
 
         self.model = TimelineModel(spans, threshold, backend)
         self._shown_at: int | None = None  # the cell that displayed it (show_timeline)
-        self.figure = go.FigureWidget()
-        # Config first: a figure whose traces exist before its config is assigned renders
-        # blank in JupyterLab (plotly 7 FigureWidget, seen in the browser test).
-        self.figure._config = dict(FIG_CONFIG, scrollZoom=True)
+        self.figure = go.Figure()  # built in full, then a widget (see figure_widget)
         self.figure.update_layout(
             title={"text": title, "x": 0.01, "xanchor": "left"}, barmode="overlay",
             dragmode="pan", height=300, margin={"l": 140, "r": 120, "t": 40, "b": 40},
@@ -178,10 +176,11 @@ class TimelineView:
         self.threshold.observe(self._on_threshold, names="value")
         self.metrics = W.HTML()
         self.warning = W.HTML()
+        self._draw()
+        self.figure = figure_widget(self.figure, scrollZoom=True)
         # the output area's full width: the figure autosizes into its box (no width set)
         self.widget = W.VBox([self.warning, self.figure, W.HBox([self.threshold]), self.metrics],
                              layout=W.Layout(width="100%"))
-        self._draw()
 
     def add_spans(self, spans) -> None:
         from commlab.widgets._pump import PUMP

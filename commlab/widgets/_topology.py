@@ -11,6 +11,7 @@ import math
 
 from commlab.topology import LEGEND, Topology, route, topo_matrix
 from commlab.topology.routes import rank_nodes
+from commlab.widgets._style import figure_widget
 
 KIND_COLOR = {"gpu": "#76b900", "rank": "#4c78a8", "cpu": "#9d755d", "nvswitch": "#e45756",
               "nic": "#72b7b2"}
@@ -199,14 +200,13 @@ class TopologyExplorer:
     """``TopologyExplorer(topology)``: display it (it is an ipywidgets VBox via ``.widget``
     and displays itself in a notebook)."""
 
-    def __init__(self, topology: Topology, *, title: str | None = None):
+    def __init__(self, topology: Topology, *, title: str | None = None, route: str = ""):
         import ipywidgets as W
         import plotly.graph_objects as go
 
         self.model = TopologyGraph(topology)
         g = self.model
-        fig = go.FigureWidget()
-        fig._config = {"displaylogo": False, "scrollZoom": True, "responsive": True}
+        fig = go.Figure()  # built in full (route included), then a widget: figure_widget
         for e in g.edges:
             (x0, y0), (x1, y1) = g.positions[e.a], g.positions[e.b]
             fig.add_scatter(x=[x0, x1], y=[y0, y1], mode="lines", hoverinfo="skip",
@@ -247,19 +247,24 @@ class TopologyExplorer:
                           font={"color": "#888"})
         self.figure = fig
         self._mid_trace = fig.data[len(g.edges)]
-        self._mid_trace.on_click(self._on_click)
         self.detail = W.HTML("<i>click a link's marker for per-link detail</i>")
         self.matrix = W.HTML(g.matrix_html())
         self.route_picker = W.Dropdown(options=[("(no route)", "")] + [(k, k) for k in
                                        ("ring", "one_shot", "two_shot", "all_gather",
                                         "all_to_all", "broadcast")],
-                                       description="route")
-        self.route_picker.observe(lambda ch: self.show_route(ch["new"]), names="value")
+                                       value=route, description="route")
         first = topology.description.splitlines()[0] if topology.description else ""
         self.status = W.HTML(f"<small>{html.escape(first)}</small>")
+        if route:
+            self.show_route(route)  # redraws
+        else:
+            self._redraw()
+        self.figure = figure_widget(fig, scrollZoom=True)
+        self._mid_trace = self.figure.data[len(g.edges)]
+        self._mid_trace.on_click(self._on_click)
+        self.route_picker.observe(lambda ch: self.show_route(ch["new"]), names="value")
         self.widget = W.VBox([W.HBox([self.route_picker, self.status]), self.figure,
-                              W.HBox([self.detail, self.matrix])])
-        self._redraw()
+                              self.matrix, self.detail])
 
     def _on_click(self, trace, points, state) -> None:
         if points.point_inds:
