@@ -70,14 +70,15 @@ def style_figure(fig, *, legend_title: str = "") -> None:
 def figure_widget(fig, **config):
     """``fig``, a go.Figure built in full, as a FigureWidget that fits the output width.
 
-    Its traces and layout travel in the widget's first state sync: traces added to a
-    FigureWidget before JupyterLab has drawn it are messages the page may drop (it then
-    draws an empty plot). Drawn before it is attached, plotly sizes the plot 700 px wide;
-    one relayout after the first draw re-measures it (autosize) in its output area."""
-    import plotly.graph_objects as go
-
-    w = go.FigureWidget(fig)
+    A FigureWidget opens its comm before it holds its traces, layout and config, which
+    then follow as state updates; JupyterLab drops updates that arrive while it still
+    loads the widget's 5 MB module and draws an empty plot (seen for the first figures
+    of a kernel). This one opens its comm once it holds everything. Drawn before it is
+    attached, plotly sizes a plot 700 px wide: one relayout after the first draw
+    re-measures it (autosize) in its output area."""
+    w = _whole_class()(fig)
     w._config = dict(FIG_CONFIG, **config)
+    w.open_whole()
     fitted: list = []
 
     def refit(change) -> None:
@@ -87,3 +88,27 @@ def figure_widget(fig, **config):
 
     w.observe(refit, names="_js2py_layoutDelta")
     return w
+
+
+_WHOLE: list = []
+
+
+def _whole_class():
+    if not _WHOLE:
+        import plotly.graph_objects as go
+
+        class WholeFigureWidget(go.FigureWidget):
+            """A FigureWidget whose comm opens on ``open_whole()``, not in __init__."""
+
+            _whole = False
+
+            def open(self) -> None:
+                if self._whole:
+                    super().open()
+
+            def open_whole(self) -> None:
+                self._whole = True
+                self.open()
+
+        _WHOLE.append(WholeFigureWidget)
+    return _WHOLE[0]

@@ -299,7 +299,8 @@ def _dark_theme(page) -> None:
     page.get_by_role("menuitem", name="Settings", exact=True).click()
     label.filter(has_text=re.compile(r"^Theme$")).first.hover()
     label.filter(has_text=re.compile(r"^JupyterLab Dark$")).first.click()
-    page.wait_for_selector("body[data-jp-theme-light='false']", timeout=30_000)
+    page.wait_for_selector("body[data-jp-theme-light='false']", state="attached",
+                           timeout=30_000)
 
 
 LIFECYCLE_CELLS = [
