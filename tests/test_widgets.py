@@ -249,6 +249,7 @@ def test_show_timeline_displays_once_even_inside_a_block():
     with capture_output() as cap:
         ip.run_cell("show_timeline(_spans)", store_history=True)
     assert len(cap.outputs) == 1  # the last expression's value is not shown a second time
+    assert "TimelineView" not in cap.stdout  # nor its repr in its place
 
 
 def test_figures_share_colours_per_implementation_and_label_bytes_in_binary_units():

@@ -14,6 +14,7 @@ import signal
 import sys
 import threading
 import time
+from typing import Any
 
 from commlab import _config
 from commlab.engine import _worker
@@ -57,7 +58,8 @@ class CellRun:
         self.last_alive_check = 0.0
         self.first_done: float | None = None
         self.paused = 0.0  # seconds spent in the debugger (not counted by --timeout)
-        self.wait_line = None  # the progress line while finished ranks wait for the others
+        # the progress line (commlab.widgets.Progress) while finished ranks wait for others
+        self.wait_line: Any = None
 
     def running(self) -> set[int]:
         return {r for r, f in self.fut.items() if not f.done()}

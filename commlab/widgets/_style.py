@@ -79,18 +79,18 @@ def figure_widget(fig, **config):
     w = _whole_class()(fig)
     w._config = dict(FIG_CONFIG, **config)
     w.open_whole()
-    fitted: list = []
+    fitted = [False]
 
-    def refit(change) -> None:
-        if change["new"] is not None and not fitted:
-            fitted.append(True)
+    def refit(change):
+        if change["new"] is not None and not fitted[0]:
+            fitted[0] = True
             w.layout.meta = "fit"  # any relayout: plotly autosizes into the attached box
 
     w.observe(refit, names="_js2py_layoutDelta")
     return w
 
 
-_WHOLE: list = []
+_WHOLE: list[type] = []  # the subclass, made at first use (plotly imports lazily)
 
 
 def _whole_class():
@@ -102,11 +102,11 @@ def _whole_class():
 
             _whole = False
 
-            def open(self) -> None:
+            def open(self):
                 if self._whole:
                     super().open()
 
-            def open_whole(self) -> None:
+            def open_whole(self):
                 self._whole = True
                 self.open()
 

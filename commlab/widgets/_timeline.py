@@ -209,9 +209,16 @@ class TimelineView:
         self.warning.value = self.model.warnings_html()
 
     def _repr_mimebundle_(self, **kw):
-        if _shown_in_this_cell(self):
-            return None  # show_timeline displayed it already: once per cell
         return self.widget._repr_mimebundle_(**kw)
+
+    def _ipython_display_(self) -> None:
+        """As a cell's value: the widget, unless show_timeline displayed it in this cell
+        already (no second copy, and no ``<TimelineView at 0x...>`` text instead)."""
+        if _shown_in_this_cell(self):
+            return
+        from IPython.display import display
+
+        display(self.widget)
 
 
 def _shown_in_this_cell(view) -> bool:

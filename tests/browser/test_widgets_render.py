@@ -4,8 +4,10 @@ breakpoint on a rank is answered through JupyterLab's own input box.
 The test starts JupyterLab on 127.0.0.1 (random port, token auth, its own temp dirs),
 opens a notebook that starts a 2-rank CPU world and shows the topology explorer, the
 linkbench view and the overlap timeline, runs it from the browser, checks that plotly
-drew every plot and that no widget error is on the page, saves screenshots to
-tests/browser/screenshots/, and shuts JupyterLab down (by its pid).
+drew every plot, that no widget error is on the page, that the timelines fill the output
+width, and that figures and the warning box follow JupyterLab's dark theme (pixels and
+computed colours), saves screenshots to tests/browser/screenshots/ (dark-*.png after the
+switch), and shuts JupyterLab down (by its pid).
 
 Needs Debian's chromium (``apt-get install -y chromium``) at /usr/bin/chromium.
 """
@@ -231,7 +233,7 @@ def test_breakpoint_on_a_rank_is_answered_through_jupyterlabs_input_box(jupyterl
 
 
 @pytest.mark.browser
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(420)  # a ceiling: ~300 s when six engineers share the 2 cores
 def test_topology_linkbench_and_timeline_render_in_jupyterlab(jupyterlab):
     base, token, root = jupyterlab
     _notebook(root / "observe.ipynb")
@@ -265,6 +267,7 @@ def test_topology_linkbench_and_timeline_render_in_jupyterlab(jupyterlab):
     assert not errors, f"widget errors on the page: {errors}\n{text[-3000:]}"
     assert n_plots >= EXPECTED_PLOTS
     assert "world of 2 ranks" in text  # the world really started
+    assert "TimelineView at 0x" not in text  # show_timeline as a cell's value: shown once
     for needle in ("route", "rank 0", "GB/s", "comm/compute", "time (ms)"):
         assert needle in text, needle
     # the timelines fill their output area (no fixed 700 px)
