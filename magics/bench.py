@@ -80,14 +80,33 @@ class BenchMagics(Magics):
                   "algorithms": args.algorithms.split(",") if args.algorithms else None}
         print(f"commbench: {len(ops)} op(s) x {len(sizes)} sizes on {world.size} ranks "
               f"(each implementation verified, then timed) ...")
-        outs = world.apply(bench_on_rank, kwargs)
-        first = outs[0]
+        first = self._run(world, kwargs)
         records = [bench.Record(**r) for r in first["records"]]
         if args.out and records:
             path = bench.write_records(f"{args.out}/{first['file']}", records)
             print(f"wrote {len(records)} records to {path}")
         return self._show(records, first["failures"], first["skipped"], first["peak"],
                           f"{world.size} ranks")
+
+    @staticmethod
+    def _run(world, kwargs: dict) -> dict:
+        """One ``apply`` per (op, size), so the progress line moves as each finishes;
+        rank 0's records, failures and skipped notes merged."""
+        from commlab.bench import fmt_bytes
+        from commlab.widgets import Progress
+
+        plan = [(op, s) for op in kwargs["ops"] for s in kwargs["sizes"]]
+        merged: dict = {"records": [], "failures": [], "skipped": []}
+        with Progress("commbench", total=len(plan), unit="size") as p:
+            for k, (op, size) in enumerate(plan):
+                p.step(k, what=f"{op} {fmt_bytes(size)}")
+                out = world.apply(bench_on_rank, dict(kwargs, ops=[op], sizes=[size]))[0]
+                merged["records"] += out["records"]
+                merged["failures"] += out["failures"]
+                merged["skipped"] += [x for x in out["skipped"] if x not in merged["skipped"]]
+                merged.update(peak=out["peak"], file=out["file"])
+            p.step(len(plan), what="done")
+        return merged
 
     def _show(self, records, failures, skipped, peak, title):
         from IPython.display import display

@@ -12,9 +12,9 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from commlab.errors import CommlabUsageError
+from commlab.widgets import Progress
 
 from ._args import GRACE, RANK, RANKS, TIMEOUT, rank_list
-from ._progress import Progress
 
 
 def _usage(fn):

@@ -63,14 +63,14 @@ def _world_or_none():
 
 
 def _spawn_world(fn, n: int, args: tuple, progress_total: int | None = None, desc: str = ""):
-    """Run ``fn(comm, *args, queue)`` on a temporary CPU world; a tqdm bar follows rank 0's
-    (done, total) messages."""
+    """Run ``fn(comm, *args, queue)`` on a temporary CPU world; the progress line (after
+    ~2 s) follows rank 0's (done, total) messages."""
     import queue as _queue
 
     import torch.multiprocessing as mp
-    from tqdm.auto import tqdm
 
     from commlab.testing import run_world
+    from commlab.widgets import Progress
 
     q = mp.get_context("spawn").Queue()
     box: dict = {}
@@ -83,19 +83,15 @@ def _spawn_world(fn, n: int, args: tuple, progress_total: int | None = None, des
 
     t = threading.Thread(target=run, daemon=True)
     t.start()
-    bar = tqdm(total=progress_total, desc=desc, unit="pair", delay=2) if progress_total else None
-    while t.is_alive():
-        try:
-            done, total = q.get(timeout=0.2)
-            if bar is not None:
-                bar.total = total
-                bar.n = done
-                bar.refresh()
-        except _queue.Empty:
-            pass
-    t.join()
-    if bar is not None:
-        bar.close()
+    with Progress(desc or f"temporary world of {n} ranks", total=progress_total,
+                  unit="pair") as bar:
+        while t.is_alive():
+            try:
+                done, total = q.get(timeout=0.2)
+                bar.step(done, total, "pairs measured")
+            except _queue.Empty:
+                pass
+        t.join()
     if "error" in box:
         raise box["error"]
     return box["rows"]
@@ -147,9 +143,7 @@ class ObserveMagics(Magics):
             return None
         from commlab.widgets import TopologyExplorer
 
-        x = TopologyExplorer(topo)
-        if args.route:
-            x.route_picker.value = args.route
+        x = TopologyExplorer(topo, route=args.route or "")
         if args.live:
             _SAMPLER = self._live(topo, x)
         LAST["explorer"] = x
@@ -248,24 +242,25 @@ def _world_topo(outs):
 
 
 def _measure_on_world(world, sizes, iters, methods):
-    """One ``apply`` per size, so the client's bar moves as sizes finish."""
-    from tqdm.auto import tqdm
-
+    """One ``apply`` per size, so the progress line (after ~2 s) moves as sizes finish."""
     from commlab.topology import LinkBenchResult, call_with_comm, rank_info, world_topology
     from commlab.topology.linkbench import CPU_SIZES, GPU_SIZES, rank_run
+    from commlab.widgets import Progress, fmt_binary
 
-    infos = world.apply(call_with_comm, rank_info)
-    backend = infos[0]["backend"]
-    sizes = list(sizes or (CPU_SIZES if backend == "cpu" else GPU_SIZES))
     rows = None
-    for s in tqdm(sizes, desc="linkbench", unit="size", delay=2):
-        part = world.apply(call_with_comm, rank_run, (s,), iters, methods)
-        if rows is None:
-            rows = part
-        else:
-            for r, p in zip(rows, part, strict=True):
-                for m in methods:
-                    r["gbps"][m].extend(p["gbps"][m])
+    with Progress(f"linkbench on {world.size} ranks", unit="size") as bar:
+        infos = world.apply(call_with_comm, rank_info)
+        backend = infos[0]["backend"]
+        sizes = list(sizes or (CPU_SIZES if backend == "cpu" else GPU_SIZES))
+        for k, s in enumerate(sizes):
+            bar.step(k, len(sizes), f"{fmt_binary(s)} (every ordered pair)")
+            part = world.apply(call_with_comm, rank_run, (s,), iters, methods)
+            if rows is None:
+                rows = part
+            else:
+                for r, p in zip(rows, part, strict=True):
+                    for m in methods:
+                        r["gbps"][m].extend(p["gbps"][m])
     for r in rows:
         r["sizes"] = sizes
     topo = None if backend == "cpu" else world_topology(infos)

@@ -70,6 +70,8 @@ def test_world_topology_has_shared_memory_edges_with_measured_bandwidth(observed
     (e,) = topo.edges
     assert (e.kind, e.path) == ("shm", "SHM") and e.measured_gbps > 0
     assert "linkbench" in e.source
+    # the readers' local copy rate is a measured reference, not the shared-memory link's peak
+    assert e.peak_gbps == 0.0 and e.attrs["reference GB/s (reader's local copy, measured)"] > 0
     assert topo.node("rank1").attrs["pid"] == observed[1]["info"]["pid"]
     TopologyExplorer(topo).select_edge(0)
 

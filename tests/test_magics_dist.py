@@ -138,10 +138,29 @@ def test_hang_is_detected_from_per_rank_completion_without_timeout(ip):
 
 def test_slow_rank_that_is_computing_is_not_reported_as_hung(ip):
     # rank 0 computes (not in a collective) for longer than the grace period
-    out = cell(ip, "import time\nif rank == 0:\n    time.sleep(2.5)\nprint('finished')\n",
-               "--grace 0.5").stdout
+    cap = cell(ip, "import time\nif rank == 0:\n    time.sleep(3.5)\nprint('finished')\n",
+               "--grace 0.5")
+    out = cap.stdout
     assert "[ranks 0, 1] finished" in out or ("[rank 0] finished" in out
                                               and "[rank 1] finished" in out)
+    # the wait said what it waits for after ~2 s (a progress line, gone at the end)
+    assert "rank 1 finished; waiting for rank 0" in cap.stderr, cap.stderr
+
+
+def test_commbench_steps_its_progress_per_op_and_size(ip, monkeypatch):
+    import commlab.widgets as widgets
+
+    steps = []
+
+    class Recording(widgets.Progress):
+        def step(self, done, total=None, what=""):
+            steps.append((done, what))
+            super().step(done, total, what)
+
+    monkeypatch.setattr(widgets, "Progress", Recording)
+    magic(ip, "commbench", "--sizes 8,64 --iters 1 --algorithms gloo")
+    assert steps == [(0, "all_reduce 8 B"), (1, "all_reduce 64 B"), (2, "done")]
+    assert len(ip.user_ns["_commbench"]) == 2  # one record per size, merged
 
 
 def test_ctrl_c_reaches_every_rank_and_the_world_stays_usable(ip):
@@ -184,6 +203,29 @@ def test_breakpoint_on_a_rank_opens_a_prompt_labelled_by_rank(ip, monkeypatch):
     assert prompts == ["[rank 1] (Pdb) ", "[rank 1] (Pdb) "]
     assert "[rank 1] 44" in out
     assert "[rank 0] after 21" in out and "[rank 1] after 22" in out
+    # Pdb stops at the cell's next line (IPython runs each statement as its own code
+    # object), not at the breakpoint() line's --Return--, as notebook 01 shows
+    assert "[rank 1] -> print('after', secret)" in out and "--Return--" not in out
+
+
+def test_the_other_ranks_output_shows_while_one_rank_waits_in_pdb(ip, monkeypatch):
+    import sys
+
+    import commlab.engine._wait as wait
+
+    seen = []
+
+    def ask(prompt):  # answers once rank 0's late line is on the notebook's stdout
+        deadline = time.monotonic() + 20
+        while "[rank 0] late" not in sys.stdout.getvalue() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        seen.append("[rank 0] late" in sys.stdout.getvalue())
+        return "c"
+
+    monkeypatch.setattr(wait, "ask", ask)
+    cell(ip, "import time\nif rank == 1:\n    breakpoint()\nelse:\n    time.sleep(1.5)\n"
+             "    print('late', flush=True)\n")
+    assert seen == [True]  # shown while the prompt waited, not held until 'c'
 
 
 def test_breakpoint_inside_a_triton_kernel_on_the_cpu_backend(ip, monkeypatch):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 
@@ -50,16 +51,18 @@ def test_linkbench_result_round_trips_through_json(tmp_path):
     assert LinkBenchResult.load(r.save(tmp_path / "lb.json")) == r
 
 
-def test_linkbench_view_shows_gbps_and_percent_of_peak_per_cell():
+def test_linkbench_view_shows_gbps_and_percent_of_the_local_copy_per_cell_on_cpu():
     r = _result(2)
     d = heatmap_data(r, "memcpy", 65536)
     assert d["z"] == [[40, 44], [80, 84]]
-    assert d["text"][0][1] == "44 GB/s<br>110% of peak"
+    # on CPU the reference is the reader's own measured copy rate, never called a peak
+    assert d["text"][0][1] == "44 GB/s<br>110% of local copy"
     assert len(curves(r, "triton")) == 4
     v = LinkBenchView(r)
     v.method.value, v.size.value = "memcpy", 4096
     assert [list(row) for row in v.heatmap.data[0].z] == [[20, 22], [40, 42]]
-    assert len([t for t in v.curve.data if t.name.startswith("peak")]) == 2
+    assert len([t for t in v.curve.data if t.name.startswith("local copy")]) == 2
+    assert not any("peak" in t.name for t in v.curve.data)
 
 
 def test_topology_graph_highlights_the_route_and_paints_live_rates():
@@ -83,6 +86,43 @@ def test_clicking_a_link_shows_its_per_link_detail():
     assert "NV18" in x.matrix.value
     x.route_picker.value = "all_to_all"
     assert x.figure.data[k].line.color == "#ff7f0e"
+    # the copy-engine rate is labelled as a measurement, the spec rate as the link's peak
+    assert "measured copy GB/s (a benchmark&#x27;s rate, not the link&#x27;s)" in x.detail.value
+    assert "link peak GB/s per direction (spec)" in x.detail.value and "82%" in x.detail.value
+    assert "DESIGN.md" not in x.model.topology.description + "".join(x.model.topology.sources)
+
+
+def _through(g) -> list[tuple[str, str, str]]:
+    """(a, b, n): drawn edge a-b passes within 0.15 of node n, which it does not end at."""
+    out = []
+    for e in g.edges:
+        (ax, ay), (bx, by) = g.positions[e.a], g.positions[e.b]
+        dx, dy = bx - ax, by - ay
+        for n, (px, py) in g.positions.items():
+            if n in (e.a, e.b):
+                continue
+            t = max(0.0, min(1.0, ((px - ax) * dx + (py - ay) * dy) / (dx * dx + dy * dy)))
+            if math.hypot(px - ax - t * dx, py - ay - t * dy) < 0.15:
+                out.append((e.a, e.b, n))
+    return out
+
+
+@pytest.mark.parametrize("name", ["2xh200-nv18", "2xh200-recorded", "8xh100-nvswitch",
+                                  "8xmi300x-xgmi"])
+def test_topology_samples_draw_no_link_through_another_node(name):
+    g = TopologyGraph(T.sample(name))
+    assert _through(g) == []
+    close = [(a, b) for a in g.positions for b in g.positions
+             if a < b and math.dist(g.positions[a], g.positions[b]) < 0.5]
+    assert close == []  # room for each node's label
+
+
+def test_switched_topology_has_an_edge_colour_legend_and_labels_off_the_lines():
+    x = TopologyExplorer(T.sample("8xh100-nvswitch"))
+    assert {t.name for t in x.figure.data if t.showlegend is not False} == {
+        "NVLink", "PCIe", "CPU socket link"}
+    nodes = x.figure.data[-1]
+    assert set(nodes.textposition) == {"middle right", "top center", "bottom center"}
 
 
 def test_timeline_puts_tile_spans_in_sub_lanes_under_their_rank():
@@ -107,7 +147,20 @@ def test_timeline_warning_follows_the_threshold_the_user_sets():
     assert "communication-heavy" in v.warning.value
     v.threshold.value = 3.0
     assert v.warning.value == ""
-    assert "200%" not in v.metrics.value and "<td>20.0</td>" in v.metrics.value
+    assert "200%" not in v.metrics.value and "<td>0.020</td>" in v.metrics.value  # 20 µs
+
+
+def test_timeline_labels_its_times_in_ms_and_fills_the_output_width():
+    spans = [{"name": "gemm", "kind": "compute", "rank": 0, "start_us": 0, "end_us": 12_345},
+             {"name": "ar", "kind": "comm", "rank": 0, "start_us": 2_000, "end_us": 2_500_000}]
+    v = show_timeline(spans)
+    assert v.figure.layout.xaxis.title.text == "time (ms)"
+    bar = next(d for d in v.figure.data if d.name == "comm")
+    assert bar.base == (2.0,) and bar.x == (2498.0,)  # ms
+    assert "2.00 → 2,500 ms" in bar.hovertext[0]
+    assert "<td>2,498</td>" in v.metrics.value and "comm ms" in v.metrics.value
+    assert v.figure.layout.width is None and v.figure.layout.autosize
+    assert v.figure._config["responsive"] and v.widget.layout.width == "100%"
 
 
 def test_pump_batches_updates_to_about_ten_per_second():
@@ -178,7 +231,9 @@ def test_warning_threshold_is_per_backend_and_the_box_is_one_line():
     gpu = TimelineModel(spans, backend="cuda")
     box = gpu.warnings_html()
     assert gpu.threshold == 1.0 and "<ul>" not in box and "<li>" not in box
-    assert "50.0 ms" in box and "50.0x" in box and "var(--jp-warn-color3" in box
+    assert "50.0 ms" in box and "50.0x" in box
+    # the theme's text colour on a translucent background (dark theme: not white on light)
+    assert "var(--jp-ui-font-color1" in box and "rgba(255,152,0,0.18)" in box
 
 
 def test_show_timeline_displays_once_even_inside_a_block():
@@ -194,6 +249,7 @@ def test_show_timeline_displays_once_even_inside_a_block():
     with capture_output() as cap:
         ip.run_cell("show_timeline(_spans)", store_history=True)
     assert len(cap.outputs) == 1  # the last expression's value is not shown a second time
+    assert "TimelineView" not in cap.stdout  # nor its repr in its place
 
 
 def test_figures_share_colours_per_implementation_and_label_bytes_in_binary_units():
@@ -206,3 +262,17 @@ def test_figures_share_colours_per_implementation_and_label_bytes_in_binary_unit
     assert len(set(many.values())) == 12  # no colour repeats after 10 traces
     ax = byte_axis([4096, 65536])
     assert ax["ticktext"][0] == "4 KiB" and ax["ticktext"][-1] == "64 KiB"
+
+
+def test_progress_shows_only_after_its_delay_and_follows_the_steps(monkeypatch, capsys):
+    from commlab.widgets import Progress, _progress
+
+    monkeypatch.setattr(_progress, "DELAY_S", 0.3)
+    with Progress("quick", total=2) as p:
+        p.step(1)
+    assert "quick" not in capsys.readouterr().err  # quick work shows nothing
+    with Progress("slow work", total=3) as p:
+        p.step(1, 3, "first part")
+        time.sleep(1.2)
+    err = capsys.readouterr().err
+    assert "slow work: 1/3" in err and "first part" in err

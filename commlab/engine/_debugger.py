@@ -15,10 +15,12 @@ backend (Triton's interpreter runs the kernel as Python).
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import hmac
 import io
 import json
+import linecache
 import pdb
 import socket
 import sys
@@ -87,18 +89,68 @@ class _In(io.TextIOBase):
         return msg.get("line", "") + "\n"
 
 
-class RankPdb(pdb.Pdb):
-    """Pdb with its stdin/stdout on the relay channel; ends the channel when done."""
+def _top_lines(filename: str) -> list[int] | None:
+    """First line of each top-level statement of the cell compiled as ``filename`` (IPython
+    keeps its source in linecache); None when the source is not there or not Python."""
+    src = "".join(linecache.getlines(filename))
+    if not src:
+        return None
+    try:
+        return [n.lineno for n in ast.parse(src).body]
+    except SyntaxError:  # IPython syntax (magics, !cmd) the cell was transformed from
+        return None
 
-    def __init__(self, chan: Channel):
+
+class RankPdb(pdb.Pdb):
+    """Pdb with its stdin/stdout on the relay channel; ends the channel when done.
+
+    IPython runs each top-level statement of a cell as its own code object, so stepping
+    off one (``breakpoint()`` as the last line of an ``if`` block, or ``n`` on a
+    statement's last line) would stop at its ``--Return--`` and then in IPython's own
+    frames. This Pdb instead goes on to the cell's next statement, as a script's Pdb
+    would; after the cell's last statement it continues."""
+
+    def __init__(self, chan: Channel, cell_file: str | None = None):
         out = _Out(chan)
         # _In/_Out are io.TextIOBase subclasses: text file objects, as Pdb wants
         super().__init__(stdin=cast(IO[str], _In(chan, out)), stdout=cast(IO[str], out),
-                         nosigint=True)
+                         nosigint=True, skip=list(_INTERNAL))
         self.use_rawinput = False
         self.out = out  # the same object as self.stdout, typed as _Out
         self.chan: Channel | None = chan
         self.prompt = "(Pdb) "
+        self.cell_file = cell_file
+        self.cell_lines = _top_lines(cell_file) if cell_file else None
+        self.seeking = False  # stepping on to the cell's next statement
+
+    def _is_cell_top(self, frame) -> bool:
+        return (self.cell_file is not None and frame.f_code.co_filename == self.cell_file
+                and frame.f_code.co_name == "<module>")
+
+    def stop_here(self, frame):
+        if self.seeking:
+            return frame.f_code.co_filename == self.cell_file
+        return super().stop_here(frame)
+
+    def user_call(self, frame, argument_list):
+        if self.seeking:
+            return  # its first line stops (user_line)
+        super().user_call(frame, argument_list)
+
+    def user_line(self, frame):
+        self.seeking = False
+        super().user_line(frame)
+
+    def user_return(self, frame, return_value):
+        if not self._is_cell_top(frame) or self.cell_lines is None:
+            super().user_return(frame, return_value)
+            return
+        if any(ln > frame.f_lineno for ln in self.cell_lines):
+            self.seeking = True  # the next statement's first line stops
+            return
+        super().user_return(frame, return_value)  # the cell's last statement: show it
+        if self.chan is not None and not self.seeking:
+            self.set_continue()  # stepping on would walk IPython's frames
 
     def _end(self, quit: bool) -> None:
         if self.chan is None:
@@ -124,9 +176,26 @@ class RankPdb(pdb.Pdb):
 _CONFIG: dict = {}
 
 
+# frames Pdb never stops in: the engine's kernel and event loop, and this relay
+_INTERNAL = ("IPython.*", "ipykernel.*", "ipyparallel.*", "asyncio.*", "tornado.*", "zmq.*",
+             "traitlets.*", "commlab.engine.*")
+
+
+def _cell_file(frame) -> str | None:
+    """The file name IPython compiled the running cell under: that of the first
+    ``<module>`` frame out from ``frame`` (a kernel or function the cell called sits
+    inside it), if linecache holds its source; else None."""
+    while frame is not None and frame.f_code.co_name != "<module>":
+        frame = frame.f_back
+    if frame is None or not linecache.getlines(frame.f_code.co_filename):
+        return None
+    return frame.f_code.co_filename
+
+
 def _hook(*args, **kwargs) -> None:
     chan = Channel(_CONFIG["host"], _CONFIG["port"], _CONFIG["token"], _CONFIG["rank"])
-    RankPdb(chan).set_trace(sys._getframe(1))
+    frame = sys._getframe(1)
+    RankPdb(chan, _cell_file(frame)).set_trace(frame)
 
 
 def install(rank: int, host: str, port: int, token: str) -> None:

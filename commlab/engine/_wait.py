@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import signal
 import sys
+import threading
 import time
+from typing import Any
 
 from commlab import _config
 from commlab.engine import _worker
@@ -56,6 +58,8 @@ class CellRun:
         self.last_alive_check = 0.0
         self.first_done: float | None = None
         self.paused = 0.0  # seconds spent in the debugger (not counted by --timeout)
+        # the progress line (commlab.widgets.Progress) while finished ranks wait for others
+        self.wait_line: Any = None
 
     def running(self) -> set[int]:
         return {r for r, f in self.fut.items() if not f.done()}
@@ -69,10 +73,28 @@ class CellRun:
         except KeyboardInterrupt:
             self._interrupted()
         finally:
+            self._end_wait_line()
             if self.ar.ready():
                 self.ar.wait_for_output(5)
             self.out.pump(set(), final=True)
         return self._finish()
+
+    def _show_wait_line(self, running: set[int]) -> None:
+        """Some ranks finished, the others still run: say so (after ~2 s, ticking) until
+        they finish or the hang report comes."""
+        if self.wait_line is not None:
+            return
+        from commlab.widgets import Progress
+
+        done = sorted(set(self.msg) - running)
+        self.wait_line = Progress(f"{ranks_str(done)} finished; waiting for "
+                                  f"{ranks_str(sorted(running))} (stacks reported if blocked "
+                                  f"in a collective for {self.grace:g} s)").__enter__()
+
+    def _end_wait_line(self) -> None:
+        if self.wait_line is not None:
+            self.wait_line.__exit__(None, None, None)
+            self.wait_line = None
 
     def _turn(self) -> None:
         self.ar.wait(0.02)
@@ -101,11 +123,30 @@ class CellRun:
             elif kind == "prompt":
                 # the other ranks' output so far first: they are running, not stuck
                 self.out.pump(self.running(), final=True)
-                relay.answer(rank, ask(f"[rank {rank}] {payload}"))
+                relay.answer(rank, self._ask_while_showing(rank, f"[rank {rank}] {payload}"))
             elif kind == "end" and payload:
                 self.quit_rank = rank
             self.paused += time.monotonic() - t0
             self.first_done = None  # a rank in the debugger is not hung
+            self._end_wait_line()
+
+    def _ask_while_showing(self, rank: int, prompt: str) -> str:
+        """``ask`` the user; while the prompt waits, a thread goes on showing the other
+        ranks' output as it comes (the main thread is blocked in ``input``). Their lines
+        do not wait for ``rank``'s: it prints through Pdb meanwhile."""
+        stop = threading.Event()
+
+        def show() -> None:
+            while not stop.wait(0.2):
+                self.out.pump(self.running() - {rank})
+
+        t = threading.Thread(target=show, daemon=True, name="commlab-pdb-output")
+        t.start()
+        try:
+            return ask(prompt)
+        finally:
+            stop.set()
+            t.join()
 
     def _stop_after_quit(self, running: set[int]) -> None:
         """The user quit Pdb on one rank: end the cell on the others too, then recover."""
@@ -142,6 +183,8 @@ class CellRun:
         over = self.timeout is not None and now - self.start - self.paused > self.timeout
         if running and len(running) < len(self.msg) and self.first_done is None:
             self.first_done = now
+        if self.first_done is not None:
+            self._show_wait_line(running)
         late = self.first_done is not None and now - self.first_done > self.grace
         if not (over or late):
             return
@@ -164,6 +207,7 @@ class CellRun:
             report.append(f"{ranks_str(done)} had finished the cell: a collective called on "
                           f"only some ranks (e.g. under `if rank == 0:`) waits for the others "
                           f"forever; call it on every rank.")
+        self._end_wait_line()
         report.append(self._recover(sorted(running)))
         self.out.pump(set(), final=True)
         full = [report[0], *whole, *report[1 + len(parts):]]

@@ -71,8 +71,9 @@ def world_topology(infos: list[dict], bench=None, host: Topology | None = None) 
                            "method": m, "bytes": bench.sizes[-1]}
                 e.measured_gbps = round((mat[i][j] + mat[j][i]) / 2, 3)
                 pk = bench.peak[i][j] if bench.peak else None
-                e.peak_gbps = round(pk, 3) if pk else 0.0
-                e.source += f"; bandwidth: linkbench ({m}); peak: {bench.peak_source}"
+                if pk:  # a measured local copy: a reference, not the link's peak
+                    e.attrs["reference GB/s (reader's local copy, measured)"] = round(pk, 3)
+                e.source += f"; bandwidth: linkbench ({m}); reference: {bench.peak_source}"
             topo.add_edge(e)
     return topo
 

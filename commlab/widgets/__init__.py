@@ -1,14 +1,16 @@
 """Widgets for notebooks (ipywidgets 8 + plotly FigureWidget): the topology explorer,
 the linkbench view and the overlap timeline. Their data models are plain Python objects
 (``TopologyGraph``, ``LinkBenchResult``, ``TimelineModel``), tested without a browser;
-live updates go through one pump, at most ~10 redraws a second."""
+live updates go through one pump, at most ~10 redraws a second. ``Progress``: the line
+long work shows after ~2 s (magics, the engine's hang wait)."""
 
 from commlab.widgets._linkbench import LinkBenchView
+from commlab.widgets._progress import Progress
 from commlab.widgets._pump import PUMP, Pump
 from commlab.widgets._style import byte_axis, fmt_binary, impl_colors, style_figure
 from commlab.widgets._timeline import TimelineModel, TimelineView, show_timeline
 from commlab.widgets._topology import TopologyExplorer, TopologyGraph
 
-__all__ = ["LinkBenchView", "PUMP", "Pump", "TimelineModel", "TimelineView",
+__all__ = ["LinkBenchView", "PUMP", "Progress", "Pump", "TimelineModel", "TimelineView",
            "TopologyExplorer", "TopologyGraph", "byte_axis", "fmt_binary", "impl_colors",
            "show_timeline", "style_figure"]

@@ -1,19 +1,21 @@
 """Linkbench view: a heatmap of GB/s for every ordered pair (reader row, source column)
-with % of the link's peak in each cell, and the bandwidth-vs-size curve of each pair."""
+with % of the link's peak (on the CPU backend: of the reader's local copy) in each cell,
+and the bandwidth-vs-size curve of each pair."""
 
 from __future__ import annotations
 
 import html
 
 from commlab.topology._bench_result import LinkBenchResult, fmt_bytes
-from commlab.widgets._style import FIG_CONFIG, byte_axis, style_figure
+from commlab.widgets._style import byte_axis, figure_widget, style_figure
 
 
 def heatmap_data(res: LinkBenchResult, method: str, size: int | None = None) -> dict:
     """z (GB/s), cell text and axis labels for the heatmap: plain data for tests."""
     mat = res.matrix(method, size)
     pct = res.percent_of_peak(method, size)
-    text = [[f"{v:.3g} GB/s<br>{p:.3g}% of peak" if p is not None else f"{v:.3g} GB/s"
+    ref = reference_name(res)
+    text = [[f"{v:.3g} GB/s<br>{p:.3g}% of {ref}" if p is not None else f"{v:.3g} GB/s"
              for v, p in zip(row, prow, strict=True)] for row, prow in zip(mat, pct, strict=True)]
     ranks = [f"rank {i}" for i in range(res.world_size)]
     # the colour scale starts at 0: a 12% spread between pairs must look like one
@@ -21,6 +23,12 @@ def heatmap_data(res: LinkBenchResult, method: str, size: int | None = None) -> 
                                                        for p in row if p] + [1e-9])
     return {"z": mat, "text": text, "x": ranks, "y": ranks, "pct": pct, "zmin": 0.0,
             "zmax": top}
+
+
+def reference_name(res: LinkBenchResult) -> str:
+    """What the percentages compare with: the link's peak from a topology, or (CPU
+    backend, no topology) the reader's own local copy rate, a measurement, not a peak."""
+    return "local copy" if "local copy" in res.peak_source else "link peak"
 
 
 def curves(res: LinkBenchResult, method: str) -> list[dict]:
@@ -45,16 +53,14 @@ class LinkBenchView:
                                  description="method")
         self.size = W.Dropdown(options=[(fmt_bytes(s), s) for s in result.sizes],
                                value=result.sizes[-1], description="size")
-        self.heatmap = go.FigureWidget()
-        self.heatmap._config = dict(FIG_CONFIG)  # before any trace: see _timeline
+        self.heatmap = go.Figure()  # built in full, then widgets: see figure_widget
         self.heatmap.add_heatmap(z=[[0]], colorscale="Viridis", colorbar={"title": "GB/s"},
                                  texttemplate="%{text}", hovertemplate="rank %{y} reads rank "
                                  "%{x}: %{text}<extra></extra>")
         self.heatmap.update_layout(height=400, width=400, margin={"t": 40, "l": 60, "r": 10,
                                    "b": 40}, yaxis={"autorange": "reversed", "title": "reader"},
                                    xaxis={"title": "source"})
-        self.curve = go.FigureWidget()
-        self.curve._config = dict(FIG_CONFIG)
+        self.curve = go.Figure()
         self.curve.update_layout(height=400, width=500, margin={"t": 40, "l": 60, "r": 10,
                                  "b": 40}, xaxis=byte_axis(result.sizes, "message size"),
                                  yaxis={"title": "bandwidth (GB/s)", "type": "log"})
@@ -66,12 +72,14 @@ class LinkBenchView:
         style_figure(self.heatmap)
         peak_src = html.escape(result.peak_source)
         self.note = W.HTML(f"<small>{html.escape(result.device)} · {result.backend} · "
-                           f"GB/s = bytes / median time · peak: {peak_src}</small>")
+                           f"GB/s = bytes / median time · % of {reference_name(result)}: "
+                           f"{peak_src}</small>")
+        self._draw()
+        self.heatmap, self.curve = figure_widget(self.heatmap), figure_widget(self.curve)
         self.method.observe(lambda ch: self._draw(), names="value")
         self.size.observe(lambda ch: self._draw(), names="value")
         self.widget = W.VBox([W.HBox([self.method, self.size]),
                               W.HBox([self.heatmap, self.curve]), self.note])
-        self._draw()
 
     def update(self, result: LinkBenchResult) -> None:
         """Show a new result (batched through the pump)."""
@@ -98,9 +106,10 @@ class LinkBenchView:
                 readers = [i for i, row in enumerate(res.peak) if p in row]
                 whose = (f"reader {readers[0]}" if len(readers) == 1 else
                          f"readers {', '.join(map(str, readers))}")
+                ref = reference_name(res)
                 self.curve.add_scatter(x=[res.sizes[0], res.sizes[-1]], y=[p, p], mode="lines",
-                                       name=f"peak {p:,.1f} GB/s ({whose})",
-                                       hovertemplate=f"peak: {html.escape(res.peak_source)}"
+                                       name=f"{ref} {p:,.1f} GB/s ({whose})",
+                                       hovertemplate=f"{ref}: {html.escape(res.peak_source)}"
                                        "<extra></extra>",
                                        line={"dash": "dash", "color": "#888"})
             self.curve.layout.title = f"{m}: bandwidth vs size"

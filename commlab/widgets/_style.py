@@ -65,3 +65,50 @@ def style_figure(fig, *, legend_title: str = "") -> None:
                               "title": {"text": legend_title}}, **theme_layout())
     fig.update_xaxes(gridcolor=grid, zerolinecolor=grid)
     fig.update_yaxes(gridcolor=grid, zerolinecolor=grid)
+
+
+def figure_widget(fig, **config):
+    """``fig``, a go.Figure built in full, as a FigureWidget that fits the output width.
+
+    A FigureWidget opens its comm before it holds its traces, layout and config, which
+    then follow as state updates; JupyterLab drops updates that arrive while it still
+    loads the widget's 5 MB module and draws an empty plot (seen for the first figures
+    of a kernel). This one opens its comm once it holds everything. Drawn before it is
+    attached, plotly sizes a plot 700 px wide: one relayout after the first draw
+    re-measures it (autosize) in its output area."""
+    w = _whole_class()(fig)
+    w._config = dict(FIG_CONFIG, **config)
+    w.open_whole()
+    fitted = [False]
+
+    def refit(change):
+        if change["new"] is not None and not fitted[0]:
+            fitted[0] = True
+            w.layout.meta = "fit"  # any relayout: plotly autosizes into the attached box
+
+    w.observe(refit, names="_js2py_layoutDelta")
+    return w
+
+
+_WHOLE: list[type] = []  # the subclass, made at first use (plotly imports lazily)
+
+
+def _whole_class():
+    if not _WHOLE:
+        import plotly.graph_objects as go
+
+        class WholeFigureWidget(go.FigureWidget):
+            """A FigureWidget whose comm opens on ``open_whole()``, not in __init__."""
+
+            _whole = False
+
+            def open(self):
+                if self._whole:
+                    super().open()
+
+            def open_whole(self):
+                self._whole = True
+                self.open()
+
+        _WHOLE.append(WholeFigureWidget)
+    return _WHOLE[0]

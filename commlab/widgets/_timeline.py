@@ -12,7 +12,8 @@ import html
 import re
 
 from commlab.trace import Span, overlap_metrics, ratio_warnings, to_chrome_trace
-from commlab.widgets._style import FIG_CONFIG, style_figure
+from commlab.trace.overlap import fmt_time
+from commlab.widgets._style import figure_widget, style_figure
 
 # comm/compute above which the box warns, per backend: on GPUs communication outweighing
 # compute is worth a look; on the CPU backend Triton's interpreter runs communication
@@ -34,6 +35,17 @@ def _as_dict(s) -> dict:
                              f"Span objects or Span.to_dict() plus 'rank'")
         return s
     raise TypeError(f"show_timeline: expected Span or dict, got {type(s).__name__}")
+
+
+def fmt_ms(us: float) -> str:
+    """A time in µs as milliseconds, thousands separated: 20 -> '0.020', 12345 -> '12.35',
+    2.5e6 -> '2,500'."""
+    ms = us / 1e3
+    if abs(ms) >= 100:
+        return f"{ms:,.0f}"
+    if abs(ms) >= 1:
+        return f"{ms:,.2f}"
+    return f"{ms:.3f}"
 
 
 def _natural(s: str):
@@ -83,17 +95,18 @@ class TimelineModel:
         return sorted(keys, key=keys.__getitem__)
 
     def bars(self) -> dict[str, dict]:
-        """Per kind: lists y (lane), base (start µs), x (duration µs), hover text."""
+        """Per kind: lists y (lane), base (start ms), x (duration ms), hover text."""
         out: dict[str, dict] = {}
         for s in sorted(self.spans, key=lambda s: s["start_us"]):
             b = out.setdefault(s["kind"], {"y": [], "base": [], "x": [], "text": []})
             dur = max(s["end_us"] - s["start_us"], 1e-3)
             b["y"].append(self.lane_of(s))
-            b["base"].append(s["start_us"])
-            b["x"].append(dur)
+            b["base"].append(s["start_us"] / 1e3)
+            b["x"].append(dur / 1e3)
             extra = "".join(f"<br>{k}: {s[k]}" for k in ("bytes", "algorithm") if s.get(k))
             b["text"].append(f"{html.escape(s['name'])} ({s['kind']})<br>"
-                             f"{s['start_us']:.1f} → {s['end_us']:.1f} µs ({dur:.1f} µs){extra}")
+                             f"{fmt_ms(s['start_us'])} → {fmt_ms(s['end_us'])} ms "
+                             f"({fmt_time(dur)}){extra}")
         return out
 
     def metrics(self):
@@ -103,17 +116,21 @@ class TimelineModel:
         return ratio_warnings(self.metrics(), self.threshold)
 
     def metrics_html(self) -> str:
-        def f(v, pct=False):
-            if v is None:
-                return "—"
-            return f"{100 * v:.0f}%" if pct else f"{v:.1f}"
+        def f(v, fmt):
+            return "—" if v is None else fmt(v)
+
+        def pct(v):
+            return f"{100 * v:.0f}%"
+
+        def ratio(v):
+            return f"{v:,.1f}"
 
         rows = "".join(
-            f"<tr><td>{r}</td><td>{f(m.comm_us)}</td><td>{f(m.compute_us)}</td>"
-            f"<td>{f(m.overlap_ratio, True)}</td><td>{f(m.exposed_comm_us)}</td>"
-            f"<td>{f(m.comm_compute_ratio)}</td></tr>" for r, m in self.metrics().items())
-        return ("<table class='commlab-overlap'><tr><th>rank</th><th>comm µs</th>"
-                "<th>compute µs</th><th>overlap |comm∩comp|/|comm|</th><th>exposed comm µs</th>"
+            f"<tr><td>{r}</td><td>{f(m.comm_us, fmt_ms)}</td><td>{f(m.compute_us, fmt_ms)}</td>"
+            f"<td>{f(m.overlap_ratio, pct)}</td><td>{f(m.exposed_comm_us, fmt_ms)}</td>"
+            f"<td>{f(m.comm_compute_ratio, ratio)}</td></tr>" for r, m in self.metrics().items())
+        return ("<table class='commlab-overlap'><tr><th>rank</th><th>comm ms</th>"
+                "<th>compute ms</th><th>overlap |comm∩comp|/|comm|</th><th>exposed comm ms</th>"
                 f"<th>comm/compute</th></tr>{rows}</table>")
 
     def warnings_html(self) -> str:
@@ -121,8 +138,9 @@ class TimelineModel:
         if not w:
             return ""
         items = html.escape("; ".join(w))
-        # JupyterLab's own warning colours: readable in its light and dark themes alike
-        return ("<div class='commlab-warning' style='background:var(--jp-warn-color3,#fff3cd);"
+        # the theme's text colour on a translucent orange: readable in JupyterLab's light
+        # and dark themes alike (its --jp-warn-color3 is light orange in both)
+        return ("<div class='commlab-warning' style='background:rgba(255,152,0,0.18);"
                 "color:var(--jp-ui-font-color1,#222);border-left:4px solid "
                 "var(--jp-warn-color1,#e0a800);padding:2px 8px;white-space:nowrap;"
                 "overflow:hidden;text-overflow:ellipsis' "
@@ -143,14 +161,12 @@ class TimelineView:
 
         self.model = TimelineModel(spans, threshold, backend)
         self._shown_at: int | None = None  # the cell that displayed it (show_timeline)
-        self.figure = go.FigureWidget()
-        # Config first: a figure whose traces exist before its config is assigned renders
-        # blank in JupyterLab (plotly 7 FigureWidget, seen in the browser test).
-        self.figure._config = dict(FIG_CONFIG, scrollZoom=True)
+        self.figure = go.Figure()  # built in full, then a widget (see figure_widget)
         self.figure.update_layout(
             title={"text": title, "x": 0.01, "xanchor": "left"}, barmode="overlay",
             dragmode="pan", height=300, margin={"l": 140, "r": 120, "t": 40, "b": 40},
-            xaxis={"title": "µs", "rangeslider": {"visible": True, "thickness": 0.06}},
+            xaxis={"title": {"text": "time (ms)"},
+                   "rangeslider": {"visible": True, "thickness": 0.06}},
             yaxis={"autorange": "reversed", "type": "category"})
         style_figure(self.figure, legend_title="span kind")
         self.threshold = W.BoundedFloatText(value=self.model.threshold, min=0.0, max=1e6,
@@ -160,8 +176,11 @@ class TimelineView:
         self.threshold.observe(self._on_threshold, names="value")
         self.metrics = W.HTML()
         self.warning = W.HTML()
-        self.widget = W.VBox([self.warning, self.figure, W.HBox([self.threshold]), self.metrics])
         self._draw()
+        self.figure = figure_widget(self.figure, scrollZoom=True)
+        # the output area's full width: the figure autosizes into its box (no width set)
+        self.widget = W.VBox([self.warning, self.figure, W.HBox([self.threshold]), self.metrics],
+                             layout=W.Layout(width="100%"))
 
     def add_spans(self, spans) -> None:
         from commlab.widgets._pump import PUMP
@@ -190,9 +209,16 @@ class TimelineView:
         self.warning.value = self.model.warnings_html()
 
     def _repr_mimebundle_(self, **kw):
-        if _shown_in_this_cell(self):
-            return None  # show_timeline displayed it already: once per cell
         return self.widget._repr_mimebundle_(**kw)
+
+    def _ipython_display_(self) -> None:
+        """As a cell's value: the widget, unless show_timeline displayed it in this cell
+        already (no second copy, and no ``<TimelineView at 0x...>`` text instead)."""
+        if _shown_in_this_cell(self):
+            return
+        from IPython.display import display
+
+        display(self.widget)
 
 
 def _shown_in_this_cell(view) -> bool:

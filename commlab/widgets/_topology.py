@@ -11,6 +11,7 @@ import math
 
 from commlab.topology import LEGEND, Topology, route, topo_matrix
 from commlab.topology.routes import rank_nodes
+from commlab.widgets._style import figure_widget
 
 KIND_COLOR = {"gpu": "#76b900", "rank": "#4c78a8", "cpu": "#9d755d", "nvswitch": "#e45756",
               "nic": "#72b7b2"}
@@ -35,11 +36,14 @@ class TopologyGraph:
     # -- layout ----------------------------------------------------------------------------
     def _layout(self) -> dict[str, tuple[float, float]]:
         t = self.topology
-        pos: dict[str, tuple[float, float]] = {}
         devs = t.devices()
         order = [rank_nodes(t).get(r) for r in sorted(rank_nodes(t))]
         devs = sorted(devs, key=lambda n: order.index(n.id) if n.id in order else 99)
-        r = 1.0 + 0.12 * max(0, len(devs) - 4)  # room for the switches in the middle
+        self.layered = len(devs) > 2 and bool(t.nodes_of("nvswitch"))
+        if self.layered:
+            return self._layers(devs)
+        pos: dict[str, tuple[float, float]] = {}
+        r = 1.0 + 0.12 * max(0, len(devs) - 4)
         # two devices side by side: the CPU below then links each without crossing the other
         start = math.pi if len(devs) == 2 else math.pi / 2
         for k, n in enumerate(devs):  # ring order around a circle: a ring is a circle
@@ -52,6 +56,29 @@ class TopologyGraph:
                 x = (k - (len(group) - 1) / 2) * step
                 yy = y + (0.25 * r if kind == "nvswitch" and k % 2 else 0.0)
                 pos[n.id] = (x, yy)
+        return pos
+
+    def _layers(self, devs) -> dict[str, tuple[float, float]]:
+        """Switched GPUs in rows, so no line runs through a node it does not end at:
+        CPUs on top, each NIC above the GPU it shares a PCIe switch with, the GPUs, the
+        NVSwitches below (every GPU-switch line then joins two adjacent rows)."""
+        t = self.topology
+        pos = {n.id: (float(k), 1.0) for k, n in enumerate(devs)}
+        sw = t.nodes_of("nvswitch")
+        span = len(devs) - 1
+        for k, n in enumerate(sw):
+            pos[n.id] = ((k + 0.5) * span / len(sw) if len(sw) > 1 else span / 2, -1.5)
+
+        def near(n, paths) -> list[float]:  # x of the GPUs n reaches through ``paths``
+            return [pos[o][0] for e in t.edges if n.id in (e.a, e.b) and e.path in paths
+                    for o in (e.b if e.a == n.id else e.a,) if o in pos and
+                    t.node(o).kind == "gpu"]
+
+        for kind, y, paths in (("nic", 2.5, ("PIX", "PXB")), ("cpu", 4.2, ("PHB",))):
+            group = t.nodes_of(kind)
+            for k, n in enumerate(group):
+                xs = near(n, paths)
+                pos[n.id] = (sum(xs) / len(xs) if xs else (k + 0.5) * span / len(group), y)
         return pos
 
     def _drawn(self, e) -> bool:
@@ -88,6 +115,12 @@ class TopologyGraph:
             return f"NIC{n.id[3:]}"
         return n.label.split(" / ")[0] if n.kind == "cpu" else (n.label or n.id)
 
+    def text_position(self, n) -> str:
+        """Where a node's label goes: off the lines that leave it."""
+        if not self.layered:
+            return "bottom center"
+        return {"cpu": "top center", "nvswitch": "bottom center"}.get(n.kind, "middle right")
+
     def edge_style(self, e) -> tuple[str, float, str]:
         """(colour, width, label) of an edge now."""
         label = e.path
@@ -109,12 +142,14 @@ class TopologyGraph:
     def edge_detail(self, index: int) -> dict:
         e = self.edges[index]
         d = {"edge": f"{e.a} — {e.b}", "kind": e.kind, "class": e.path,
-             "peak GB/s per direction": e.peak_gbps or "unknown",
+             "link peak GB/s per direction (spec)": e.peak_gbps or "unknown",
              "measured copy GB/s (a benchmark's rate, not the link's)":
                  e.measured_gbps if e.measured_gbps is not None else "—",
              "links up": f"{e.links_up} of {len(e.links)}" if e.links else "—",
              "p2p": ", ".join(f"{k}: {v}" for k, v in e.p2p.items()) or "—",
              "source": e.source}
+        if e.measured_gbps and e.peak_gbps:
+            d["measured / link peak"] = f"{100 * e.measured_gbps / e.peak_gbps:.0f}%"
         d.update({k: v for k, v in e.attrs.items()})
         if e.key in self.rates:
             d["live GB/s"] = round(self.rates[e.key], 2)
@@ -165,14 +200,13 @@ class TopologyExplorer:
     """``TopologyExplorer(topology)``: display it (it is an ipywidgets VBox via ``.widget``
     and displays itself in a notebook)."""
 
-    def __init__(self, topology: Topology, *, title: str | None = None):
+    def __init__(self, topology: Topology, *, title: str | None = None, route: str = ""):
         import ipywidgets as W
         import plotly.graph_objects as go
 
         self.model = TopologyGraph(topology)
         g = self.model
-        fig = go.FigureWidget()
-        fig._config = {"displaylogo": False, "scrollZoom": True, "responsive": True}
+        fig = go.Figure()  # built in full (route included), then a widget: figure_widget
         for e in g.edges:
             (x0, y0), (x1, y1) = g.positions[e.a], g.positions[e.b]
             fig.add_scatter(x=[x0, x1], y=[y0, y1], mode="lines", hoverinfo="skip",
@@ -193,33 +227,44 @@ class TopologyExplorer:
         rank_of = {v: k for k, v in rank_nodes(topology).items()}
         fig.add_scatter(
             x=[g.positions[n.id][0] for n in nodes], y=[g.positions[n.id][1] for n in nodes],
-            mode="markers+text", textposition="bottom center", showlegend=False,
+            mode="markers+text", textposition=[g.text_position(n) for n in nodes],
+            showlegend=False,
             text=[g.short_label(n) + (f" r{rank_of[n.id]}" if n.id in rank_of and n.kind != "rank"
                                       else "") for n in nodes],
             hovertext=[f"{n.label}<br>{n.kind}<br>source: {n.source}" for n in nodes],
             hoverinfo="text", marker={"size": 26, "symbol": "square",
                                       "color": [KIND_COLOR.get(n.kind, "#999") for n in nodes]})
+        xs = [p[0] for p in g.positions.values()] or [0.0]
+        # rows: room on the right for the last node's label ("middle right")
+        xrange = {"range": [min(xs) - 0.6, max(xs) + 1.0]} if g.layered else {}
         fig.update_layout(title=title or topology.name, height=520, margin={"l": 10, "r": 10,
-                          "t": 40, "b": 10}, xaxis={"visible": False},
-                          yaxis={"visible": False, "scaleanchor": "x"},
+                          "t": 40, "b": 10}, xaxis={"visible": False, **xrange},
+                          # rows (switched GPUs) use the width; a circle stays round
+                          yaxis={"visible": False} if g.layered else
+                          {"visible": False, "scaleanchor": "x"},
                           legend={"x": 1.0, "xanchor": "left", "y": 1, "title": {"text": "links"}},
                           paper_bgcolor="rgba(0,0,0,0)", plot_bgcolor="rgba(0,0,0,0)",
                           font={"color": "#888"})
         self.figure = fig
         self._mid_trace = fig.data[len(g.edges)]
-        self._mid_trace.on_click(self._on_click)
         self.detail = W.HTML("<i>click a link's marker for per-link detail</i>")
         self.matrix = W.HTML(g.matrix_html())
         self.route_picker = W.Dropdown(options=[("(no route)", "")] + [(k, k) for k in
                                        ("ring", "one_shot", "two_shot", "all_gather",
                                         "all_to_all", "broadcast")],
-                                       description="route")
-        self.route_picker.observe(lambda ch: self.show_route(ch["new"]), names="value")
+                                       value=route, description="route")
         first = topology.description.splitlines()[0] if topology.description else ""
         self.status = W.HTML(f"<small>{html.escape(first)}</small>")
+        if route:
+            self.show_route(route)  # redraws
+        else:
+            self._redraw()
+        self.figure = figure_widget(fig, scrollZoom=True)
+        self._mid_trace = self.figure.data[len(g.edges)]
+        self._mid_trace.on_click(self._on_click)
+        self.route_picker.observe(lambda ch: self.show_route(ch["new"]), names="value")
         self.widget = W.VBox([W.HBox([self.route_picker, self.status]), self.figure,
-                              W.HBox([self.detail, self.matrix])])
-        self._redraw()
+                              self.matrix, self.detail])
 
     def _on_click(self, trace, points, state) -> None:
         if points.point_inds:

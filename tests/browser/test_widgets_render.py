@@ -4,8 +4,10 @@ breakpoint on a rank is answered through JupyterLab's own input box.
 The test starts JupyterLab on 127.0.0.1 (random port, token auth, its own temp dirs),
 opens a notebook that starts a 2-rank CPU world and shows the topology explorer, the
 linkbench view and the overlap timeline, runs it from the browser, checks that plotly
-drew every plot and that no widget error is on the page, saves screenshots to
-tests/browser/screenshots/, and shuts JupyterLab down (by its pid).
+drew every plot, that no widget error is on the page, that the timelines fill the output
+width, and that figures and the warning box follow JupyterLab's dark theme (pixels and
+computed colours), saves screenshots to tests/browser/screenshots/ (dark-*.png after the
+switch), and shuts JupyterLab down (by its pid).
 
 Needs Debian's chromium (``apt-get install -y chromium``) at /usr/bin/chromium.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -45,10 +48,32 @@ CELLS = [
     "%linkbench --sizes 4K,64K --iters 1",
     "%%distributed --trace\nimport torch\na = torch.randn(128, 128)\n"
     "with commlab.trace.span('matmul'):\n    y = a @ a\nz = commlab.all_reduce(y)",
+    "from commlab.widgets import show_timeline\n"  # a local one that warns: the box
+    "show_timeline([dict(name='mm', kind='compute', rank=0, start_us=0, end_us=1000),\n"
+    "               dict(name='ar', kind='comm', rank=0, start_us=1000, end_us=5000)],\n"
+    "              threshold=1, title='warning box')",
     "%dist_stop",
     f"print('{DONE}')",
 ]
-EXPECTED_PLOTS = 5  # topology x2, linkbench heatmap + curve, timeline
+EXPECTED_PLOTS = 6  # topology x2, linkbench heatmap + curve, two timelines
+
+# in the page: [r, g, b] of the PNG (base64) at (x, y); negative x, y count from the end
+PIXEL_JS = """async ([png, x, y]) => {
+  const img = new Image(); img.src = 'data:image/png;base64,' + png; await img.decode();
+  const c = document.createElement('canvas'); c.width = img.width; c.height = img.height;
+  const g = c.getContext('2d'); g.drawImage(img, 0, 0);
+  const px = x < 0 ? img.width + x : x, py = y < 0 ? img.height + y : y;
+  return Array.from(g.getImageData(px, py, 1, 1).data.slice(0, 3));
+}"""
+# the warning box's text and background colours as the browser computed them
+BOX_JS = """() => { const b = document.querySelector('.commlab-warning');
+  const s = getComputedStyle(b); return [s.color, s.backgroundColor,
+  getComputedStyle(b.closest('.jp-OutputArea-output')).backgroundColor]; }"""
+# each timeline's width against its output area's
+WIDTH_JS = """() => Array.from(document.querySelectorAll('.js-plotly-plot'))
+  .filter(p => /timeline|warning box/.test(p.querySelector('.gtitle')?.textContent || ''))
+  .map(p => [p.getBoundingClientRect().width,
+             p.closest('.jp-OutputArea-output').getBoundingClientRect().width])"""
 
 
 DEBUG_CELLS = [
@@ -208,7 +233,7 @@ def test_breakpoint_on_a_rank_is_answered_through_jupyterlabs_input_box(jupyterl
 
 
 @pytest.mark.browser
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(420)  # a ceiling: ~300 s when six engineers share the 2 cores
 def test_topology_linkbench_and_timeline_render_in_jupyterlab(jupyterlab):
     base, token, root = jupyterlab
     _notebook(root / "observe.ipynb")
@@ -229,12 +254,56 @@ def test_topology_linkbench_and_timeline_render_in_jupyterlab(jupyterlab):
             plots.nth(i).scroll_into_view_if_needed()
             plots.nth(i).screenshot(path=str(SHOTS / f"plot-{i}.png"))
         page.screenshot(path=str(SHOTS / "notebook.png"))
+        widths = page.evaluate(WIDTH_JS)
+        light = _corner_pixels(page, plots.nth(n_plots - 1))
+        _dark_theme(page)
+        page.wait_for_timeout(500)
+        plots.nth(n_plots - 1).screenshot(path=str(SHOTS / "dark-timeline.png"))
+        plots.nth(0).scroll_into_view_if_needed()
+        page.screenshot(path=str(SHOTS / "dark-notebook.png"))
+        dark = _corner_pixels(page, plots.nth(n_plots - 1))
+        box = page.evaluate(BOX_JS)
     errors = [e for e in WIDGET_ERRORS if e in text]
     assert not errors, f"widget errors on the page: {errors}\n{text[-3000:]}"
     assert n_plots >= EXPECTED_PLOTS
     assert "world of 2 ranks" in text  # the world really started
-    for needle in ("route", "rank 0", "GB/s", "comm/compute"):
+    assert "TimelineView at 0x" not in text  # show_timeline as a cell's value: shown once
+    for needle in ("route", "rank 0", "GB/s", "comm/compute", "time (ms)"):
         assert needle in text, needle
+    # the timelines fill their output area (no fixed 700 px)
+    assert len(widths) == 2 and all(w >= 0.95 * area for w, area in widths), widths
+    # figures follow the theme: their background is the notebook's, light then dark
+    assert all(sum(p) / 3 > 200 for p in light), light
+    assert all(sum(p) / 3 < 80 for p in dark), dark
+    # the warning box stays readable in the dark theme: light text on a dark background
+    fg, bg = (_rgb(c) for c in box[:2])
+    area = _rgb(box[2]) if _rgb(box[2])[3] > 0 else (17, 17, 17, 1.0)  # --jp-layout-color0
+    bg_seen = [a * bg[3] + b * (1 - bg[3]) for a, b in zip(bg[:3], area[:3], strict=True)]
+    assert sum(fg[:3]) / 3 > 180 and sum(bg_seen) / 3 < 90, box
+
+
+def _rgb(css: str) -> tuple[float, float, float, float]:
+    """'rgb(1, 2, 3)' or 'rgba(1, 2, 3, 0.5)' -> (1, 2, 3, alpha)."""
+    parts = [float(v) for v in css[css.index("(") + 1:-1].split(",")]
+    return (parts[0], parts[1], parts[2], parts[3] if len(parts) > 3 else 1.0)
+
+
+def _corner_pixels(page, plot) -> list[list[int]]:
+    """The figure's paper at its top-right and bottom-left corners (no title, no trace)."""
+    import base64
+
+    png = base64.b64encode(plot.screenshot()).decode()
+    return [page.evaluate(PIXEL_JS, [png, x, y]) for x, y in ((-4, 4), (4, -4))]
+
+
+def _dark_theme(page) -> None:
+    """Settings > Theme > JupyterLab Dark, as a user switches it."""
+    label = page.locator(".lm-Menu-itemLabel")
+    page.get_by_role("menuitem", name="Settings", exact=True).click()
+    label.filter(has_text=re.compile(r"^Theme$")).first.hover()
+    label.filter(has_text=re.compile(r"^JupyterLab Dark$")).first.click()
+    page.wait_for_selector("body[data-jp-theme-light='false']", state="attached",
+                           timeout=30_000)
 
 
 LIFECYCLE_CELLS = [

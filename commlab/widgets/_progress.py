@@ -1,7 +1,7 @@
-"""Progress for long magics, shown only after ~2 s, ticking every half second so a slow
-step still shows time passing, gone when done: in a notebook one updating output line
-(a display handle, emptied at the end: a closed tqdm widget stays drawn in JupyterLab),
-in a terminal tqdm's bar.
+"""Progress for long work (magics, a hang wait), shown only after ~2 s, ticking every half
+second so a slow step still shows time passing, gone when done: in a notebook one
+updating output line (a display handle, emptied at the end: a closed tqdm widget stays
+drawn in JupyterLab), in a terminal tqdm's bar.
 
     with Progress("starting 4 ranks", total=6) as p:
         start_world(4, progress=p.step)     # step(done, total, what)
