@@ -8,8 +8,8 @@ Per call: back-to-back calls of a small all_reduce (the host's cost dominates), 
 ``--reps`` windows of ``--iters`` calls, the slowest rank's; ``dist:commlab-layer`` is
 the backend's own share (the call minus its time inside commlab.all_reduce). DDP: a 3-layer MLP's step
 (forward, backward with bucket all-reduces, SGD), median over ``--steps`` steps. Every
-impl is checked against the reference group before it is timed. Records follow
-DESIGN.md (``impl``: ``dist:commlab``, ``commlab:auto``, ``gloo``/``nccl``; the DDP step
+impl is checked against the reference group before it is timed. Records have the
+fields of commlab.bench's records (``impl``: ``dist:commlab``, ``commlab:auto``, ``gloo``/``nccl``; the DDP step
 is ``op="ddp_step"`` with the gradient bytes); the table goes to stdout.
 """
 

@@ -170,7 +170,7 @@ def test_record_bandwidths_from_bytes_and_time():
     r = Record.measured(op="all_reduce", impl="nccl", dtype="bfloat16", nbytes=1 << 30,
                         world_size=2, time_us=3289.0, device="NVIDIA H200", commit="x",
                         mode="eager")
-    assert r.algbw_gbps == pytest.approx(326.47, rel=1e-3)  # DESIGN.md: 326 GB/s busbw
+    assert r.algbw_gbps == pytest.approx(326.47, rel=1e-3)  # 2xH200 run: 326 GB/s
     assert r.busbw_gbps == pytest.approx(r.algbw_gbps)
 
 

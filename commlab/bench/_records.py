@@ -26,7 +26,8 @@ MODES = ("eager", "graph")
 
 # Per-direction NVLink line rate of one GPU, GB/s (1e9 B/s), when commlab.topology
 # cannot tell: links x per-link rate. H200/H100 SXM: NV18, 18 x 26.5625 GB/s (the
-# rate measured on the 2xH200 machine, see DESIGN.md); A100 SXM: NV12, 12 x 25 GB/s.
+# rate measured on the 2xH200 machine, bench/results/link-ceiling-2xh200.txt);
+# A100 SXM: NV12, 12 x 25 GB/s.
 LINK_PEAK_GBPS = {"H200": 478.0, "H100": 478.0, "A100": 300.0, "B200": 900.0}
 
 

@@ -48,7 +48,7 @@ from commlab.bench._timing import QUEUE_SLEEP_CYCLES, time_per_call
 SAFE_ENV = {"TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NCCL_NVLS_ENABLE": "0",
             "NVSHMEM_DISABLE_NVLS": "1"}
 
-# Llama-3 tensor-parallel MLP projections at W=2 (DESIGN.md): (K, N) of the local GEMM
+# Llama-3 tensor-parallel MLP projections at W=2 (the anchors' shapes): (K, N) of the local GEMM
 SHAPES = {
     "ag_gemm": {"8B": (4096, 14336), "70B": (8192, 28672)},
     "gemm_rs": {"8B": (7168, 4096), "70B": (14336, 8192)},

@@ -13,7 +13,7 @@ from commlab.topology._model import Edge, Link, Node, Topology
 
 _ANCESTOR_CLASS = {0: "X", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
 # Per-link data rate by NVLink version, GB/s per direction, used when NVML has no speed
-# field: NVLink 4 (H100/H200) = 26.562 GB/s per link (18 links = 478 GB/s, DESIGN.md).
+# field: NVLink 4 (H100/H200) = 26.562 GB/s per link and direction (18 links = 478 GB/s).
 _NVLINK_GBPS = {2: 25.0, 3: 25.0, 4: 26.562, 5: 50.0}
 SOURCE = "nvml"
 
