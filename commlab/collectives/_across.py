@@ -1,7 +1,7 @@
 """Where a world across hosts leaves the one-host path: the public entries ask
 ``spans_hosts(comm)`` and hand the call to the hierarchical version registered here
-(``_hier`` and ``overlap._hier`` register theirs when imported), so the one-host path
-never imports the hierarchy built on top of it."""
+(``collectives._hier``, imported by the facade, and ``overlap._hier``, by its package,
+register theirs), so the one-host path never imports the hierarchy built on top of it."""
 
 from __future__ import annotations
 

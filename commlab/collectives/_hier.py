@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from commlab.collectives import _across
+import commlab.collectives._across as _across
 from commlab.collectives._common import agree, check_local
 from commlab.collectives._host import Collective
 from commlab.collectives.all_gather import ALL_GATHER, all_gather
@@ -34,10 +34,19 @@ from commlab.collectives.all_to_all import ALL_TO_ALL, all_to_all
 from commlab.collectives.barrier import barrier
 from commlab.collectives.broadcast import BROADCAST, broadcast
 from commlab.collectives.reduce_scatter import REDUCE_SCATTER, reduce_scatter
+from commlab.runtime import HostGroups
 from commlab.runtime.communicator import Communicator, get_communicator, using
 
 TORCH_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+# torch 2.13 renamed reduce_scatter_tensor (deprecated there); 2.11 has only the old name
+reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 SPLIT_BYTES = 1 << 20  # auto: above this, all_reduce reduce-scatters inside first
+
+
+def groups(comm: Communicator) -> HostGroups:
+    """The groups between hosts of a world across hosts."""
+    assert comm.across is not None, "only a world across hosts takes the hierarchical path"
+    return comm.across
 
 
 def by_local_index(comm: Communicator) -> list[int]:
@@ -65,7 +74,7 @@ def _all_reduce(comm: Communicator, x, algorithm: str = "auto", op: str = "sum")
     x = agreed(ALL_REDUCE, comm, x, algorithm, op=op)
     if x.numel() == 0:
         return torch.empty_like(x)
-    group = comm.across.cross_group
+    group = groups(comm).cross_group
     local = comm.local
     if algorithm == "auto" and x.numel() * x.element_size() > SPLIT_BYTES:
         n, L = x.numel(), local.world_size
@@ -88,7 +97,7 @@ def _all_gather(comm: Communicator, x, algorithm: str = "auto"):
     if x.numel() == 0:
         return out
     parts = [torch.empty_like(x) for _ in range(H)]
-    dist.all_gather(parts, x, group=comm.across.cross_group)  # parts[h]: rank (h, i)'s x
+    dist.all_gather(parts, x, group=groups(comm).cross_group)  # parts[h]: rank (h, i)'s x
     with using(comm.local):
         got = all_gather(torch.stack(parts), algorithm=algorithm)  # [(j, h)]: rank (h, j)'s
     out.view(W, *x.shape)[by_local_index(comm)] = got.view(W, *x.shape)
@@ -105,8 +114,8 @@ def _reduce_scatter(comm: Communicator, x, algorithm: str = "auto", op: str = "s
     with using(comm.local):
         mine = reduce_scatter(grouped, op=op)  # [H, m]: the host's sums of our chunks
     out = x.new_empty(shape)
-    dist.reduce_scatter_tensor(out.view(-1), mine.reshape(-1), op=TORCH_OPS[op],
-                               group=comm.across.cross_group)
+    reduce_scatter_single(out.view(-1), mine.reshape(-1), op=TORCH_OPS[op],
+                          group=groups(comm).cross_group)
     return out
 
 
@@ -120,7 +129,7 @@ def _all_to_all(comm: Communicator, x, algorithm: str = "auto"):
         got = all_to_all(grouped, algorithm=algorithm)  # [L(k), H(h'), m]: (h,k) -> (h',i)
     send = got.view(L, H, -1).transpose(0, 1).contiguous()  # [H(h'), L(k), m]
     recv = torch.empty_like(send)  # [H(h''), L(k), m]: (h'', k) -> us
-    dist.all_to_all_single(recv.view(-1), send.view(-1), group=comm.across.cross_group)
+    dist.all_to_all_single(recv.view(-1), send.view(-1), group=groups(comm).cross_group)
     out = torch.empty_like(x)
     _rows(out, W)[by_host(comm)] = recv.view(W, -1)
     return out
@@ -133,8 +142,8 @@ def _broadcast(comm: Communicator, x, algorithm: str = "auto", src: int = 0):
     host = next(h for h in comm.hosts if src in h)
     src_index = host.index(src)
     y = x.clone()
-    if comm.across.local_index == src_index:  # our group holds the source
-        dist.broadcast(y, src=src, group=comm.across.cross_group)
+    if groups(comm).local_index == src_index:  # our group holds the source
+        dist.broadcast(y, src=src, group=groups(comm).cross_group)
     with using(comm.local):
         return broadcast(y, src=src_index, algorithm=algorithm)
 

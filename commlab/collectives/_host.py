@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from commlab.collectives import _across
+import commlab.collectives._across as _across
 from commlab.collectives._common import OPS, agree, check_local, traced
 from commlab.collectives._plan import fast_call, remember
 from commlab.collectives._select import capturing_auto, choose

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import triton
 
+import commlab.collectives._across as _across
 import commlab.language as cl
-from commlab.collectives import _across
 from commlab.collectives._common import agree, comm_or_raise, traced
 
 

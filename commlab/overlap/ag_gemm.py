@@ -33,9 +33,10 @@ import torch
 import triton
 import triton.language as tl
 
+import commlab.collectives._across as _across
 import commlab.language as cl
 from commlab import trace
-from commlab.collectives import _across, all_gather
+from commlab.collectives import all_gather
 from commlab.collectives._common import comm_or_raise, launch_for
 from commlab.overlap import _args, _buffers, _launch, _operands, _timeline
 from commlab.overlap._dispatch import run

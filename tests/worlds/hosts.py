@@ -38,7 +38,7 @@ def _shape(checks: Checks, comm) -> None:
         assert comm.local.world_size == 2 and comm.local.rank == me % 2
         assert comm.local.context[1].item() == 2  # the host's world, as kernels see it
         try:
-            comm.context
+            _ = comm.context
         except commlab.CommlabUsageError as e:
             assert "comm.local.context" in str(e) and "host" in str(e), str(e)
         else:
