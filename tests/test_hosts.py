@@ -76,5 +76,9 @@ def test_collective_across_hosts_matches_gloo(results, section):
     assert_checks(results, section)
 
 
+def test_torch_distributed_commlab_group_works_across_hosts(results):
+    assert_checks(results, "torch_backend")
+
+
 def test_argument_errors_across_hosts_raise_on_every_rank(results):
     assert_checks(results, "errors")

@@ -134,6 +134,32 @@ def _errors(checks: Checks, comm) -> None:
         assert commlab.all_reduce(torch.ones(3))[0].item() == 4
 
 
+def _torch_backend(checks: Checks, gen, comm) -> None:
+    """A "commlab" torch.distributed group over the whole world runs on the world's
+    Communicator, so its collectives take the hierarchical path too."""
+    W, me = comm.world_size, comm.rank
+    group = dist.new_group(backend="commlab")
+    x = random_tensor(gen, (W * 3,), torch.float32)
+    with checks.case("torch_backend", "dist.all_reduce"):
+        t = x.clone()
+        dist.all_reduce(t, group=group)
+        assert_reduced(t, x, gloo_all_reduce(x, "sum"), "sum", roundings=3)
+    with checks.case("torch_backend", "dist.all_gather_into_tensor"):
+        out = torch.empty(W * x.numel())
+        dist.all_gather_into_tensor(out, x, group=group)
+        torch.testing.assert_close(out, torch.cat(gloo_all_gather(x)), rtol=0, atol=0)
+    with checks.case("torch_backend", "dist.reduce_scatter_tensor"):
+        out = torch.empty(3)
+        dist.reduce_scatter_tensor(out, x, group=group)
+        ref = gloo_all_reduce(x, "sum").view(W, 3)[me]
+        assert_reduced(out, x.view(W, 3)[me], ref, "sum", roundings=3,
+                       abs_sum=gloo_all_reduce(x.abs(), "sum").view(W, 3)[me])
+    with checks.case("torch_backend", "dist.broadcast"):
+        t = x.clone()
+        dist.broadcast(t, src=2, group=group)
+        torch.testing.assert_close(t, gloo_all_gather(x)[2], rtol=0, atol=0)
+
+
 def hosts_world(comm, seed: int) -> dict:
     checks = Checks(comm.rank)
     gen = torch.Generator().manual_seed(seed * 1000 + comm.rank)
@@ -142,6 +168,7 @@ def hosts_world(comm, seed: int) -> dict:
     _moves(checks, gen, comm)
     _overlap(checks, gen, comm)
     _errors(checks, comm)
+    _torch_backend(checks, gen, comm)
     return checks.result()
 
 
