@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SIZES = ("4KiB", "64KiB", "1MiB", "16MiB")
+SIZES = ("4KiB", "16KiB", "64KiB", "256KiB", "1MiB", "4MiB", "16MiB")
 OUT = ROOT / "bench" / "results" / "hier-cpu-2x2"
 
 
