@@ -82,3 +82,30 @@ def test_torch_distributed_commlab_group_works_across_hosts(results):
 
 def test_argument_errors_across_hosts_raise_on_every_rank(results):
     assert_checks(results, "errors")
+
+
+@pytest.mark.slow  # ~40-70 s on 2 cores; the namespace world above is the default CI check
+def test_hosts_whose_ranks_torch_numbers_out_of_host_order_still_match_gloo(world, seed):
+    """Hosts [[0, 3], [1, 2]] (split on one machine with COMMLAB_HOSTS): the group of
+    local index 1 is [2, 3] in torch's numbering but host order is (3, 2)."""
+    from tests.worlds.hosts import hosts_world
+
+    results = world(hosts_world, 4, seed, ((0, 3), (1, 2)), timeout=300,
+                    env={"COMMLAB_HOSTS": "0,3;1,2"})
+    for section in ("shape", "all_reduce", "all_gather", "reduce_scatter", "all_to_all",
+                    "broadcast", "ag_gemm", "gemm_rs", "errors", "torch_backend"):
+        assert_checks(results, section)
+
+
+def test_commlab_hosts_override_reads_sizes_and_named_hosts_and_refuses_the_rest():
+    from commlab.errors import CommlabUsageError
+    from commlab.runtime._hosts import _classes, _forced
+
+    assert _forced("2", 4) == [[0, 1], [2, 3]]
+    assert _forced("0,3; 1,2", 4) == [[0, 3], [1, 2]]
+    for bad in ("3", "0,1;1,2", "0,1", "x"):
+        with pytest.raises(CommlabUsageError, match="COMMLAB_HOSTS"):
+            _forced(bad, 4)
+    assert _classes([[0, 2], [1, 3], [0, 2], [1, 3]]) == [[0, 2], [1, 3]]
+    with pytest.raises(CommlabUsageError, match="not one clean partition"):
+        _classes([[0, 1], [1], [2]])  # rank 0 opens rank 1's memory, rank 1 not rank 0's

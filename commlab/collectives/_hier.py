@@ -66,6 +66,19 @@ def agreed(coll: Collective, comm: Communicator, x, algorithm: str, **fields) ->
     return agree(coll.name, x, err, **fields, algorithm=algorithm).x.contiguous()
 
 
+def host_order(comm: Communicator, got: torch.Tensor) -> torch.Tensor:
+    """``got`` [H, ...] in the order of our group between hosts -> in host order."""
+    out = torch.empty_like(got)
+    out[groups(comm).cross_hosts] = got
+    return out
+
+
+def group_order(comm: Communicator, t: torch.Tensor) -> torch.Tensor:
+    """``t`` [H, ...] in host order -> in the order of our group between hosts (torch
+    numbers a group's ranks ascending, which need not be host order)."""
+    return t[groups(comm).cross_hosts]
+
+
 def _rows(x: torch.Tensor, world: int) -> torch.Tensor:
     return x.reshape(world, -1)
 
@@ -97,9 +110,10 @@ def _all_gather(comm: Communicator, x, algorithm: str = "auto"):
     if x.numel() == 0:
         return out
     parts = [torch.empty_like(x) for _ in range(H)]
-    dist.all_gather(parts, x, group=groups(comm).cross_group)  # parts[h]: rank (h, i)'s x
+    dist.all_gather(parts, x, group=groups(comm).cross_group)
+    mine = host_order(comm, torch.stack(parts))  # [h]: rank (h, i)'s x
     with using(comm.local):
-        got = all_gather(torch.stack(parts), algorithm=algorithm)  # [(j, h)]: rank (h, j)'s
+        got = all_gather(mine, algorithm=algorithm)  # [(j, h)]: rank (h, j)'s x
     out.view(W, *x.shape)[by_local_index(comm)] = got.view(W, *x.shape)
     return out
 
@@ -114,7 +128,7 @@ def _reduce_scatter(comm: Communicator, x, algorithm: str = "auto", op: str = "s
     with using(comm.local):
         mine = reduce_scatter(grouped, op=op)  # [H, m]: the host's sums of our chunks
     out = x.new_empty(shape)
-    reduce_scatter_single(out.view(-1), mine.reshape(-1), op=TORCH_OPS[op],
+    reduce_scatter_single(out.view(-1), group_order(comm, mine).reshape(-1), op=TORCH_OPS[op],
                           group=groups(comm).cross_group)
     return out
 
@@ -127,11 +141,11 @@ def _all_to_all(comm: Communicator, x, algorithm: str = "auto"):
     grouped = _rows(x, W)[by_local_index(comm)]  # [L * H, m]: by destination (j, h)
     with using(comm.local):
         got = all_to_all(grouped, algorithm=algorithm)  # [L(k), H(h'), m]: (h,k) -> (h',i)
-    send = got.view(L, H, -1).transpose(0, 1).contiguous()  # [H(h'), L(k), m]
-    recv = torch.empty_like(send)  # [H(h''), L(k), m]: (h'', k) -> us
+    send = group_order(comm, got.view(L, H, -1).transpose(0, 1))  # [H(h'), L(k), m]
+    recv = torch.empty_like(send)
     dist.all_to_all_single(recv.view(-1), send.view(-1), group=groups(comm).cross_group)
     out = torch.empty_like(x)
-    _rows(out, W)[by_host(comm)] = recv.view(W, -1)
+    _rows(out, W)[by_host(comm)] = host_order(comm, recv).view(W, -1)  # (h'', k) -> us
     return out
 
 

@@ -16,7 +16,13 @@ import torch
 import torch.distributed as dist
 
 import commlab.collectives._across as _across
-from commlab.collectives._hier import by_local_index, groups, reduce_scatter_single
+from commlab.collectives._hier import (
+    by_local_index,
+    group_order,
+    groups,
+    host_order,
+    reduce_scatter_single,
+)
 from commlab.overlap import _args
 from commlab.overlap.ag_gemm import ag_gemm
 from commlab.overlap.gemm_rs import gemm_rs
@@ -29,11 +35,12 @@ def _ag_gemm(a, b, algorithm: str = "auto") -> torch.Tensor:
     W, H, rows = comm.world_size, len(comm.hosts), a.shape[0]
     a = a.contiguous()
     parts = [torch.empty_like(a) for _ in range(H)]
-    dist.all_gather(parts, a, group=groups(comm).cross_group)  # parts[h]: rank (h, i)'s a
+    dist.all_gather(parts, a, group=groups(comm).cross_group)
+    shards = host_order(comm, torch.stack(parts))  # [h]: rank (h, i)'s a
     out = a.new_empty((W, rows, b.shape[1]))
     for h, ranks in enumerate(comm.hosts):
         with using(comm.local):
-            out[ranks] = ag_gemm(parts[h], b, algorithm=algorithm).view(len(ranks), rows, -1)
+            out[ranks] = ag_gemm(shards[h], b, algorithm=algorithm).view(len(ranks), rows, -1)
     return out.view(W * rows, -1)
 
 
@@ -46,8 +53,8 @@ def _gemm_rs(a, b, algorithm: str = "auto") -> torch.Tensor:
     with using(comm.local):
         mine = gemm_rs(grouped, b, algorithm=algorithm)  # [H * chunk, N]
     out = mine.new_empty((chunk, b.shape[1]))
-    reduce_scatter_single(out.view(-1), mine.contiguous().view(-1),
-                          group=groups(comm).cross_group)
+    per_host = group_order(comm, mine.view(len(comm.hosts), chunk, -1))  # [H, chunk, N]
+    reduce_scatter_single(out.view(-1), per_host.reshape(-1), group=groups(comm).cross_group)
     return out
 
 

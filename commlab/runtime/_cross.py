@@ -52,11 +52,11 @@ class HostsAgreement:
     """``ControlBlock``'s ``agree``/``reset``/``seq`` for a world across hosts."""
 
     def __init__(self, local: ControlBlock, hosts: list[list[int]], host: int,
-                 cross_ranks: list[int], cross_group: dist.ProcessGroup):
+                 cross_hosts: list[int], cross_group: dist.ProcessGroup):
         self.local = local
         self.hosts = hosts
         self.host = host
-        self.cross_ranks = cross_ranks
+        self.cross_hosts = cross_hosts  # the host of each rank of cross_group, group order
         self.group = cross_group
         self.rank = hosts[host][local.rank]
         self.world_size = sum(len(h) for h in hosts)
@@ -90,9 +90,9 @@ class HostsAgreement:
             kind, body = 1, text.encode()
         except CollectiveTimeoutError as e:
             raise CollectiveTimeoutError(global_names(str(e), mine)) from None
-        bufs = [torch.empty(_BUF, dtype=torch.uint8) for _ in self.cross_ranks]
+        bufs = [torch.empty(_BUF, dtype=torch.uint8) for _ in self.cross_hosts]
         dist.all_gather(bufs, _pack(kind, body), group=self.group)
-        got = [_unpack(b) for b in bufs]  # host order
+        got = [_unpack(bufs[self.cross_hosts.index(h)]) for h in range(len(self.hosts))]
         errors = [b.decode(errors="replace") for k, b in got if k == 1]
         if errors:
             raise RankMismatchError("; ".join(errors))

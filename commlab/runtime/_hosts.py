@@ -36,7 +36,9 @@ class HostGroups:
     hosts: list[list[int]]  # global ranks per host, hosts ordered by their first rank
     host: int  # this rank's host
     local_index: int  # this rank's index among its host's ranks (its local rank)
-    cross_ranks: list[int]  # global ranks with this local index, one per host, host order
+    cross_ranks: list[int]  # global ranks with this local index, one per host, ascending
+    cross_hosts: list[int]  # the host of each: torch numbers a group's ranks ascending,
+    #                         which need not be host order (hosts [[0, 3], [1, 2]])
     cross_group: dist.ProcessGroup  # those ranks (gloo on cpu; gloo + NCCL on cuda)
 
 
@@ -144,5 +146,7 @@ def split(world: World, hosts: list[list[int]]) -> tuple[World, HostGroups]:
     group = local_groups[host]
     local = World(local_index, len(hosts[host]), world.local_rank, world.backend,
                   world.device, group, group, f"{world.token}{host:02x}", False)
-    return local, HostGroups(hosts, host, local_index, cross[local_index],
+    mine = sorted(cross[local_index])
+    host_of = {r: i for i, h in enumerate(hosts) for r in h}
+    return local, HostGroups(hosts, host, local_index, mine, [host_of[r] for r in mine],
                              cross_groups[local_index])

@@ -223,7 +223,7 @@ def _across_hosts(world: World, hosts: list[list[int]], layout: HeapLayout,
     local_world, groups = split(world, hosts)
     local = _one_host(local_world, layout, timeout)
     assert isinstance(local.control, ControlBlock)
-    control = HostsAgreement(local.control, hosts, groups.host, groups.cross_ranks,
+    control = HostsAgreement(local.control, hosts, groups.host, groups.cross_hosts,
                              groups.cross_group)
     return Communicator(world.rank, world.world_size, world.backend, world.device,
                         local._context, local.heap, control, world.group, world.cpu_group,

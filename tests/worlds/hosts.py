@@ -31,11 +31,12 @@ OPS = ("sum", "max", "min")
 DTYPES = (torch.float32, torch.bfloat16, torch.int32)
 
 
-def _shape(checks: Checks, comm) -> None:
+def _shape(checks: Checks, comm, hosts: list[list[int]]) -> None:
     W, me = comm.world_size, comm.rank
     with checks.case("shape", "host map, comm.local, comm.context"):
-        assert comm.hosts == [[0, 1], [2, 3]], comm.hosts
-        assert comm.local.world_size == 2 and comm.local.rank == me % 2
+        assert comm.hosts == hosts, comm.hosts
+        mine = next(h for h in hosts if me in h)
+        assert comm.local.world_size == 2 and comm.local.rank == mine.index(me)
         assert comm.local.context[1].item() == 2  # the host's world, as kernels see it
         try:
             _ = comm.context
@@ -111,13 +112,14 @@ def _overlap(checks: Checks, gen, comm) -> None:
         torch.testing.assert_close(out.float(), ref, rtol=2e-2, atol=3e-1)
 
 
-def _errors(checks: Checks, comm) -> None:
+def _errors(checks: Checks, comm, hosts: list[list[int]]) -> None:
     with checks.case("errors", "a shape differing on one host raises on every rank"):
-        x = torch.ones(8 if comm.rank < 2 else 6)
+        x = torch.ones(8 if comm.rank in hosts[0] else 6)
         try:
             commlab.all_reduce(x)
         except commlab.RankMismatchError as e:
-            assert "host 0 (ranks 0, 1)" in str(e) and "host 1 (ranks 2, 3)" in str(e), e
+            for h, ranks in enumerate(hosts):
+                assert f"host {h} (ranks {ranks[0]}, {ranks[1]})" in str(e), e
         else:
             raise AssertionError("no RankMismatchError")
     with checks.case("errors", "a shape differing inside one host names global ranks"):
@@ -125,7 +127,7 @@ def _errors(checks: Checks, comm) -> None:
         try:
             commlab.all_reduce(x)
         except commlab.RankMismatchError as e:
-            assert "rank 3" in str(e) and "host 1" in str(e), e
+            assert "rank 3" in str(e) and f"host {1 if 3 in hosts[1] else 0}" in str(e), e
         else:
             raise AssertionError("no RankMismatchError")
     with checks.case("errors", "symmetric tensors across hosts, then the world goes on"):
@@ -160,14 +162,16 @@ def _torch_backend(checks: Checks, gen, comm) -> None:
         torch.testing.assert_close(t, gloo_all_gather(x)[2], rtol=0, atol=0)
 
 
-def hosts_world(comm, seed: int) -> dict:
+def hosts_world(comm, seed: int, hosts=((0, 1), (2, 3))) -> dict:
+    """Every check on a world of 4 ranks on ``hosts`` (2 ranks each)."""
+    hosts = [list(h) for h in hosts]
     checks = Checks(comm.rank)
     gen = torch.Generator().manual_seed(seed * 1000 + comm.rank)
-    _shape(checks, comm)
+    _shape(checks, comm, hosts)
     _all_reduce(checks, gen)
     _moves(checks, gen, comm)
     _overlap(checks, gen, comm)
-    _errors(checks, comm)
+    _errors(checks, comm, hosts)
     _torch_backend(checks, gen, comm)
     return checks.result()
 
