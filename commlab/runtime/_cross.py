@@ -9,7 +9,8 @@ sees every host's verdict, and raises the same error; the error names hosts and 
 ranks, never a host's local numbering. Passing it is also a barrier of the whole world.
 
 A rank missing on one host raises ``CollectiveTimeoutError`` there after the timeout;
-the other hosts wait in the exchange until torch.distributed's timeout.
+the other hosts' exchange fails when its gloo group gives up (the same timeout, at least
+30 s), with torch's error rather than commlab's.
 """
 
 from __future__ import annotations

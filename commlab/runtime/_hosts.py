@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch.distributed as dist
 
@@ -134,15 +135,17 @@ def host_map(world: World) -> list[list[int]]:
     return hosts
 
 
-def split(world: World, hosts: list[list[int]]) -> tuple[World, HostGroups]:
+def split(world: World, hosts: list[list[int]], timeout_s: float) -> tuple[World, HostGroups]:
     """This host's world (local ranks, its own groups and segment names) and the groups
-    between hosts. Collective: every rank makes every group, in the same order."""
+    between hosts, which give up after ``timeout_s`` (at least 30 s) like the world's.
+    Collective: every rank makes every group, in the same order."""
     pg = "gloo" if world.backend == "cpu" else "cpu:gloo,cuda:nccl"
+    limit = timedelta(seconds=max(timeout_s, 30))
     host = next(i for i, h in enumerate(hosts) if world.rank in h)
     local_index = hosts[host].index(world.rank)
-    local_groups = [dist.new_group(h, backend=pg) for h in hosts]
+    local_groups = [dist.new_group(h, backend=pg, timeout=limit) for h in hosts]
     cross = [[h[i] for h in hosts] for i in range(len(hosts[0]))]
-    cross_groups = [dist.new_group(c, backend=pg) for c in cross]
+    cross_groups = [dist.new_group(c, backend=pg, timeout=limit) for c in cross]
     group = local_groups[host]
     local = World(local_index, len(hosts[host]), world.local_rank, world.backend,
                   world.device, group, group, f"{world.token}{host:02x}", False)

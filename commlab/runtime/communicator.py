@@ -220,7 +220,7 @@ def _across_hosts(world: World, hosts: list[list[int]], layout: HeapLayout,
                   timeout: float) -> Communicator:
     """A world across hosts: one heap per host (this host's Communicator is ``local``);
     the world's agreement is the host's block plus an exchange between hosts."""
-    local_world, groups = split(world, hosts)
+    local_world, groups = split(world, hosts, timeout)
     local = _one_host(local_world, layout, timeout)
     assert isinstance(local.control, ControlBlock)
     control = HostsAgreement(local.control, hosts, groups.host, groups.cross_hosts,
