@@ -12,6 +12,7 @@ if _interpreter.decide():  # before any kernel is defined: CPU backend = Triton'
 
 from commlab import torch_backend as _torch_backend  # noqa: E402
 from commlab import trace, tuning  # noqa: E402,F401 (tuning: auto's measured tables)
+from commlab.collectives import _hier as _hier  # noqa: E402 (registers the paths across hosts)
 from commlab.collectives import (  # noqa: E402
     all_gather,
     all_reduce,

@@ -58,6 +58,10 @@ VARS: dict[str, Var] = {v.name: v for v in (
     Var("COMMLAB_SCRATCH_SIZE", None, parse_size,
         "the heap's scratch region (collectives' inboxes); default 16MiB on cpu, 4GiB on "
         "cuda, at most half the heap (`init(scratch_size=)` overrides)", "commlab.runtime"),
+    Var("COMMLAB_HOSTS", None, str,
+        "splits the probed hosts of a world (tests on one machine): `2` = hosts of two "
+        "ranks in rank order, `0,1;2,3` = named; may only split ranks that share memory",
+        "commlab.runtime"),
     Var("COMMLAB_FAST_LAUNCH", "1", _flag,
         "`0` turns the cached launch plans off (every call goes through `kernel[grid]`)",
         "commlab.collectives"),

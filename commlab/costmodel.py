@@ -154,6 +154,25 @@ def project_us(f: Fit, machine: Machine, nbytes: float, model: str | None = None
     return predict_us(model, alpha, beta, nbytes, w)
 
 
+def hierarchical_us(f: Fit, machine: Machine, nbytes: float, split: bool = True) -> float:
+    """Time of commlab's all_reduce across nodes (``collectives/_hier``): with ``split``
+    (auto above 1 MiB) a reduce-scatter inside each node, a ring all-reduce of the 1/L
+    shard between nodes (the L rings run at once, one per local index, each GPU on its
+    own NIC at ``inter_gbps``), an all-gather inside; without, ``f``'s all-reduce inside,
+    then the ring all-reduce of the whole message between nodes. Inside a node ``f``'s
+    alpha and beta hold (one half of two-shot each for the reduce-scatter and the
+    all-gather); between nodes the network's. Assumed, not measured on real nodes."""
+    L, H = machine.gpus_per_node, machine.nodes
+    ring_steps, ring_moved = MODELS["nccl_ring"]
+    inter = nbytes / L if split else nbytes
+    between = (ring_steps(H) * machine.inter_alpha_us
+               + ring_moved(inter, H) / (machine.inter_gbps * 1e3)) if H > 1 else 0.0
+    if not split:
+        return predict_us(f.model, f.alpha_us, f.beta_gbps, nbytes, L) + between
+    half = f.alpha_us + nbytes * (L - 1) / L / (f.beta_gbps * 1e3)  # RS or AG inside
+    return 2 * half + between
+
+
 def implied_by_claim(time_ms: float, utilization: float, machine: Machine) -> dict:
     """What an all-reduce claim ("T ms at U of bandwidth on M") implies, by nccl-tests'
     definitions: busbw = U · link bandwidth, algbw = busbw · W / (2(W−1)), bytes = algbw · T."""
@@ -181,4 +200,5 @@ def report(fits: dict[str, Fit]) -> str:
 
 
 __all__ = ["MI300X_8", "MODELS", "Fit", "Machine", "NVSWITCH_8", "fit", "fit_points",
-           "implied_by_claim", "model_of", "multi_node", "predict_us", "project_us", "report"]
+           "hierarchical_us", "implied_by_claim", "model_of", "multi_node", "predict_us",
+           "project_us", "report"]

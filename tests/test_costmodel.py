@@ -90,3 +90,15 @@ def test_mesh_projection_gives_a_ring_one_link_and_all_pairs_algorithms_every_li
     assert cm.project_us(ring, m, n) == pytest.approx(3.0 * 14 + 2 * n * 7 / 8 / 64e3)
     two = cm.Fit("commlab:two_shot", "two_shot", 4.0, 300.0, 0, 0, 10)
     assert cm.project_us(two, m, n) < cm.project_us(ring, m, n)  # the mesh favours all-pairs
+
+
+def test_hierarchical_all_reduce_adds_its_levels_and_beats_the_flat_ring_across_nodes():
+    two = cm.Fit("commlab:two_shot", "two_shot", 5.0, 300.0, 0, 0, 10)
+    m, n = cm.multi_node(4), 1 << 30  # 4 nodes x 8 GPUs, IB 50 GB/s per GPU
+    inside = 5.0 + n * 7 / 8 / 300e3  # a reduce-scatter (or an all-gather) inside a node
+    between = 2 * 3 * 5.0 + 2 * (n / 8) * 3 / 4 / 50e3  # ring over 4 nodes of n/8
+    assert cm.hierarchical_us(two, m, n) == pytest.approx(2 * inside + between)
+    small = cm.hierarchical_us(two, m, 4096, split=False)
+    assert small == pytest.approx(two.predict_us(4096, 8) + 2 * 3 * 5.0 + 2 * 4096 * 3 / 4 / 50e3)
+    ring = cm.Fit("nccl", "nccl_ring", 5.0, 300.0, 0, 0, 10)
+    assert cm.hierarchical_us(two, m, n) < cm.project_us(ring, m, n)

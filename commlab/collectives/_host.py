@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+import commlab.collectives._across as _across
 from commlab.collectives._common import OPS, agree, check_local, traced
 from commlab.collectives._plan import fast_call, remember
 from commlab.collectives._select import capturing_auto, choose
@@ -55,6 +56,8 @@ class Collective:
 def run(coll: Collective, x, algorithm: str = "auto", *params) -> torch.Tensor:
     """Run ``coll`` on ``x`` on every rank; ``params`` in ``coll.params``' order."""
     comm = get_communicator()
+    if _across.spans_hosts(comm):  # commlab inside each host, torch.distributed between
+        return _across.run(coll.name, x, algorithm, *params)
     key: tuple | None = None
     if isinstance(x, torch.Tensor):
         key = (coll.name, x.shape, x.dtype, x.device, *params, algorithm)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import triton
 
+import commlab.collectives._across as _across
 import commlab.language as cl
 from commlab.collectives._common import agree, comm_or_raise, traced
 
@@ -21,6 +22,8 @@ def barrier_kernel(ctx):
 def barrier() -> None:
     """Block until every rank has reached this barrier (host and device)."""
     comm = comm_or_raise()
+    if _across.spans_hosts(comm):
+        return _across.run("barrier")
     agree("barrier", None, "")
     with traced("barrier", 0, "signal", comm.device):
         barrier_kernel[(1,)](comm.context)

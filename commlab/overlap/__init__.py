@@ -15,6 +15,7 @@ configuration, without the split tail, or on CPU as a GPU with n SMs), and the k
 themselves for compiling them ahead (``bench/gpu_checks/compile_check.py``).
 """
 
+from commlab.overlap import _hier  # noqa: F401 (registers the paths across hosts)
 from commlab.overlap._gemm import gemm_kernel, matmul
 from commlab.overlap._launch import (
     CPU_TILE,

@@ -33,6 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
+import commlab.collectives._across as _across
 import commlab.language as cl
 from commlab import trace
 from commlab.collectives import all_gather
@@ -245,6 +246,8 @@ def ag_gemm(a: torch.Tensor, b: torch.Tensor, *, algorithm: str = "auto") -> tor
     algorithm: "fused" (overlapped Triton kernel), "sequential" (gather, then matmul),
     or "auto" (the measured rule in ``commlab.overlap._dispatch``)."""
     comm = comm_or_raise()
+    if _across.spans_hosts(comm):  # commlab inside each host, torch.distributed between
+        return _across.run("ag_gemm", a, b, algorithm)
     _args.agree_args("ag_gemm", comm, a, b, algorithm, rows_divisible=False)
     nbytes = (comm.world_size - 1) * a.numel() * a.element_size()
     return run("ag_gemm", comm, a, b, algorithm, m=comm.world_size * a.shape[0], nbytes=nbytes,

@@ -51,6 +51,7 @@ import torch
 import triton
 import triton.language as tl
 
+import commlab.collectives._across as _across
 import commlab.language as cl
 from commlab import trace
 from commlab.collectives import reduce_scatter
@@ -313,6 +314,8 @@ def gemm_rs(a: torch.Tensor, b: torch.Tensor, *, algorithm: str = "auto") -> tor
     algorithm: "fused" (overlapped Triton kernel), "sequential" (matmul, then
     reduce-scatter), or "auto" (the measured rule in ``commlab.overlap._dispatch``)."""
     comm = comm_or_raise()
+    if _across.spans_hosts(comm):  # commlab inside each host, torch.distributed between
+        return _across.run("gemm_rs", a, b, algorithm)
     _args.agree_args("gemm_rs", comm, a, b, algorithm, rows_divisible=True)
     nbytes = (comm.world_size - 1) * (a.shape[0] // comm.world_size) * b.shape[1] * a.element_size()
     return run("gemm_rs", comm, a, b, algorithm, m=a.shape[0], nbytes=nbytes,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import gc
 import os
@@ -15,7 +16,6 @@ from commlab import _config
 from commlab._config import parse_size
 from commlab._interpreter import bounds, liveness
 from commlab.errors import (
-    CollectiveTimeoutError,
     CommlabUsageError,
     HeapFullError,
     RankMismatchError,
@@ -23,6 +23,9 @@ from commlab.errors import (
 from commlab.runtime import _shm
 from commlab.runtime._bootstrap import World, bootstrap
 from commlab.runtime._control import ControlBlock, Signature
+from commlab.runtime._cross import HostsAgreement
+from commlab.runtime._hosts import HostGroups, host_map, split
+from commlab.runtime._watch import peer_watch
 from commlab.runtime.heap import (
     FLAGS_BYTES,
     MAX_WORLD,
@@ -42,16 +45,18 @@ _DEFAULTS = {  # backend -> (heap_size, scratch_size)
 class Communicator:
     """A world of ranks sharing a symmetric heap.
 
-    ``context`` is handed to kernels as ``ctx`` (see ``commlab.language``).
+    ``context`` is handed to kernels as ``ctx`` (see ``commlab.language``). In a world
+    across hosts, ``local`` is this host's Communicator (its ``context`` is what kernels
+    get) and ``hosts`` lists every host's global ranks; on one host ``local`` is itself.
     """
 
     rank: int
     world_size: int
     backend: str
     device: torch.device
-    context: torch.Tensor
+    _context: torch.Tensor
     heap: SymmetricHeap
-    control: ControlBlock
+    control: ControlBlock | HostsAgreement
     group: dist.ProcessGroup
     cpu_group: dist.ProcessGroup
     local_rank: int = 0
@@ -59,6 +64,29 @@ class Communicator:
     _keep: list = field(default_factory=list, repr=False)  # mappings kept alive
     plans: dict = field(default_factory=dict, repr=False)  # collectives' cached launch plans
     closed: bool = False
+    _local: Communicator | None = field(default=None, repr=False)  # across hosts only
+    across: HostGroups | None = field(default=None, repr=False)  # across hosts only
+
+    @property
+    def local(self) -> Communicator:
+        """The Communicator of this host's ranks (``self`` in a one-host world)."""
+        return self if self._local is None else self._local
+
+    @property
+    def hosts(self) -> list[list[int]]:
+        """The global ranks on each host (one list per host, hosts by first rank)."""
+        return [list(range(self.world_size))] if self.across is None else self.across.hosts
+
+    @property
+    def context(self) -> torch.Tensor:
+        if self._local is not None:
+            raise CommlabUsageError(
+                f"comm.context: this world spans {len(self.hosts)} hosts "
+                f"({self.world_size} ranks) and a kernel can address only its host's ranks; "
+                f"pass comm.local.context (ranks 0..{self._local.world_size - 1} of this host,"
+                f" comm.local.rank {self._local.rank}) and use commlab's collectives for the"
+                f" whole world")
+        return self._context
 
     # -- views of the reserved regions ------------------------------------------------
     def scratch(self, nbytes: int, dtype: torch.dtype = torch.uint8) -> torch.Tensor:
@@ -82,6 +110,11 @@ class Communicator:
 
         Collective: every rank calls it (the notebook engine does after Ctrl-C or a hang
         report). Clears the signal pad, the flags and the agreement sequence."""
+        if self._local is not None:  # across hosts: each host's, between two world barriers
+            dist.barrier(group=self.cpu_group)
+            self._local.recover()
+            dist.barrier(group=self.cpu_group)
+            return
         dist.barrier(group=self.cpu_group)
         self.synchronize()
         lay = self.heap.layout
@@ -100,8 +133,10 @@ class Communicator:
             self.synchronize()
         except Exception:  # a broken device must not stop the rest of the cleanup
             pass
+        if self._local is not None:
+            self._local.close()
         self.heap.closed = True
-        if self.backend == "cpu":
+        if self.backend == "cpu" and self.across is None:
             liveness.set_watch(None)
         self.plans.clear()
         self._keep.clear()
@@ -151,6 +186,18 @@ def init(backend: str = "auto", *, heap_size=None, scratch_size=None,
                          or min(d_scratch, size // 2))
     layout = HeapLayout(size=size, scratch_bytes=scratch)
     layout.check()
+    hosts = host_map(world)  # probed: which ranks share memory
+    if len(hosts) > 1:
+        comm = _across_hosts(world, hosts, layout, timeout)
+        _COMM = comm
+        return comm
+    comm = _one_host(world, layout, timeout)
+    _COMM = comm
+    return comm
+
+
+def _one_host(world: World, layout: HeapLayout, timeout: float) -> Communicator:
+    """The Communicator of ranks that share memory: one heap, one agreement block."""
     keep: list = []
     if world.backend == "cpu":
         heap, control = _cpu_heap(world, layout, timeout, keep)
@@ -163,37 +210,36 @@ def init(backend: str = "auto", *, heap_size=None, scratch_size=None,
     )
     comm = Communicator(world.rank, world.world_size, world.backend, world.device, ctx, heap,
                         control, world.group, world.cpu_group, world.local_rank, world, keep)
-    _COMM = comm
     if world.backend == "cpu":
         bounds.set_heap_size(layout.size)
-        liveness.set_watch(_peer_watch(world, timeout, _exchange(world, os.getpid())))
+        liveness.set_watch(peer_watch(world, timeout, _exchange(world, os.getpid())))
     return comm
 
 
-def _alive(pid: int) -> bool:
+def _across_hosts(world: World, hosts: list[list[int]], layout: HeapLayout,
+                  timeout: float) -> Communicator:
+    """A world across hosts: one heap per host (this host's Communicator is ``local``);
+    the world's agreement is the host's block plus an exchange between hosts."""
+    local_world, groups = split(world, hosts, timeout)
+    local = _one_host(local_world, layout, timeout)
+    assert isinstance(local.control, ControlBlock)
+    control = HostsAgreement(local.control, hosts, groups.host, groups.cross_hosts,
+                             groups.cross_group)
+    return Communicator(world.rank, world.world_size, world.backend, world.device,
+                        local._context, local.heap, control, world.group, world.cpu_group,
+                        world.local_rank, world, [], _local=local, across=groups)
+
+
+@contextlib.contextmanager
+def using(comm: Communicator):
+    """Make ``comm`` this process's communicator for the block (the hierarchical
+    collectives run a host's part through the public path on ``comm.local``)."""
+    global _COMM
+    before, _COMM = _COMM, comm
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")  # zombie: dead
-    except OSError:
-        return False
-
-
-def _peer_watch(world: World, timeout: float, pids: list[int]):
-    """The CPU backend's check for waits inside kernels (ranks are processes of one host):
-    a dead peer, or a wait longer than the communicator's timeout, raises."""
-    def watch(waited: float) -> None:
-        dead = [r for r, p in enumerate(pids) if r != world.rank and not _alive(p)]
-        if dead:
-            raise CollectiveTimeoutError(
-                f"rank {world.rank}: a wait inside a kernel cannot finish: rank(s) "
-                f"{', '.join(map(str, dead))} died (pid {', '.join(str(pids[r]) for r in dead)});"
-                f" restart the world")
-        if waited > timeout:
-            raise CollectiveTimeoutError(
-                f"rank {world.rank}: a wait inside a kernel got no signal within {timeout:g} s;"
-                f" a peer is stuck or did not launch the same kernel; check for a "
-                f"rank-dependent branch, or raise the limit with commlab.init(timeout=...)")
-    return watch
+        yield comm
+    finally:
+        _COMM = before
 
 
 def _exchange(world: World, obj) -> list:

@@ -12,6 +12,8 @@ import ctypes
 
 import torch
 
+from commlab.errors import CommlabUsageError
+
 
 class _CudaPtr:
     """A CUDA pointer (here: a peer's heap, mapped in this process) seen by torch."""
@@ -25,6 +27,11 @@ class _CudaPtr:
 def peer_view(comm, t: torch.Tensor, peer: int, dtype: torch.dtype | None = None) -> torch.Tensor:
     """``t`` (a contiguous symmetric tensor) on rank ``peer``; ``dtype`` reinterprets it
     (same element size, e.g. int32 flags as uint32 for stream writes)."""
+    if comm.local is not comm:
+        raise CommlabUsageError(
+            f"peer_view: this world spans {len(comm.hosts)} hosts and a rank maps only its "
+            f"host's heaps; pass comm.local and a rank of this host (0..."
+            f"{comm.local.world_size - 1})")
     off = comm.heap.offset_of(t)
     if off is None:
         raise ValueError("peer_view: the tensor is not in the symmetric heap; allocate it "

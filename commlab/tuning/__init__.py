@@ -109,7 +109,7 @@ def _load(comm) -> None:
         import torch.distributed as dist
 
         box = [table.to_dict() if table is not None else None]
-        dist.broadcast_object_list(box, src=0, group=comm.cpu_group)
+        dist.broadcast_object_list(box, group_src=0, group=comm.cpu_group)
         table = TuningTable.from_dict(box[0]) if box[0] is not None else None
     _install(comm, table)
 
@@ -181,7 +181,7 @@ def tune(ops=("all_reduce",), sizes=None, dtypes=None, *, progress: bool = True,
             table.set(op, dt, comm.world_size, t)
     if comm.world_size > 1:
         box = [table.to_dict() if table is not None else None]
-        dist.broadcast_object_list(box, src=0, group=comm.cpu_group)
+        dist.broadcast_object_list(box, group_src=0, group=comm.cpu_group)
         sent = box[0]
         assert sent is not None  # rank 0 always builds the table it sends
         table = TuningTable.from_dict(sent)
