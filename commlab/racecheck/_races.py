@@ -73,7 +73,7 @@ def message(chk, first, later) -> str:
     if first[4] == later[4] and first[10][0] == later[10][0]:
         p, q = sorted((first[5][0], later[5][0]))
         why = (f"Programs {p} and {q} of one launch run concurrently "
-               f"(as on a GPU; the interpreter only runs them one after another): order "
+               f"(as on a GPU, in any order): order "
                f"them with a cl.notify/cl.wait pair, or put the second access in a later "
                f"launch")
     else:
