@@ -74,7 +74,7 @@ if interpreting():
         if addr.size != 1 or want.size != 1:
             return host_yield()
         cell, want = ctypes.c_int32.from_address(int(addr.flat[0])), int(want.flat[0])
-        if cell.value >= want or programs.blocked():
+        if cell.value >= want or programs.blocked((int(addr.flat[0]), want)):
             return  # there, or other programs of this launch ran meanwhile: re-poll
         give_up, spin = time.perf_counter() + 0.002, 0
         while cell.value < want and time.perf_counter() < give_up:

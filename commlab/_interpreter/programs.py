@@ -46,13 +46,14 @@ def configure(seed: int | None = None, blocked_s: float = BLOCKED_S) -> None:
     _CFG.update(seed=seed, blocked_s=blocked_s, launch_no=0)
 
 
-def blocked() -> bool:
-    """A wait's poll failed. May run other programs meanwhile; True if the caller should
-    re-poll at once (others made progress) instead of sleeping."""
+def blocked(key=None) -> bool:
+    """A wait's poll failed (``key``: what it waits for, e.g. (address, value), or None).
+    May run other programs meanwhile; True if the caller should re-poll at once (others
+    made progress) instead of sleeping."""
     s = _CUR[0]
     if s is None or (not s.pending and not s.parked):
         return False
-    return s.blocked()
+    return s.blocked(key)
 
 
 def point() -> None:
@@ -118,7 +119,7 @@ class _Runner:
     def __init__(self, main: bool):
         self.sem = threading.Semaphore(0)
         self.main, self.idx = main, None
-        self.since, self.last = 0.0, 0.0  # the current wait: began, last poll
+        self.since, self.last, self.key = 0.0, 0.0, None  # the current wait
 
 
 class _Schedule:
@@ -219,10 +220,11 @@ class _Schedule:
         threading.Thread(target=body, name="commlab-program", daemon=True).start()
         return r
 
-    def blocked(self) -> bool:
+    def blocked(self, key) -> bool:
         me = _LOCAL.runner
         now = time.monotonic()
-        if now - me.last > 0.005:  # a new wait
+        if key != me.key or (key is None and now - me.last > 0.05):  # a new wait
+            me.key = key
             me.since = now
             self.progress += 1
         me.last = now
