@@ -84,7 +84,7 @@ def message(chk, first, later) -> str:
                    f"wait that follows rank {o[4]}'s notify after its store at {o[9]}")
         else:
             o, w = writes[0], first if writes[0] is later else later
-            if not any(k[0] == o[4] and k[1] != -1 for k in w[8]):
+            if w[11] == 0:  # the loading program had not completed a wait in its launch
                 why = (f"rank {w[4]} loaded it before any wait that follows rank {o[4]}'s "
                        f"notify: rank {o[4]} should cl.notify after its store at {o[9]} and "
                        f"rank {w[4]} cl.wait for that value before loading")

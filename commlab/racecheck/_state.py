@@ -44,6 +44,7 @@ class Checker:
         self.blocked_since = 0.0
         self.reported: set = set()
         self.accesses = 0  # symmetric-memory access ranges recorded (a health figure)
+        self.acquires: dict = {}  # program -> acquires it completed in this launch
 
     # -- addresses --------------------------------------------------------------------
     def owner_of(self, addrs: np.ndarray):
@@ -76,6 +77,7 @@ class Checker:
         progs[idx] = clock
         self.cur, self.pid = clock, idx
         self.hint, self.waiting = None, None
+        self.acquires[idx] = 0
 
     def switch(self, event, idx):
         """A program of a cooperative launch hands the baton on ("out") or gets it back."""
@@ -95,7 +97,7 @@ class Checker:
         self.tick_host()
         self.flush()
         self.launch, self.cur, self.pid, self.hint, self.waiting = None, None, None, None, None
-        self.parked = {}
+        self.parked, self.acquires = {}, {}
 
     def tick_host(self):
         comp = (self.rank, -1)
@@ -131,7 +133,8 @@ class Checker:
         snap = dict(self.cur)
         for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
             rec = (int(owner[s]), int(off[s]), int(off[e - 1]) + isz, write, self.rank,
-                   self.pid, comp, self.cur[comp], snap, where, self.launch[:3])
+                   self.pid, comp, self.cur[comp], snap, where, self.launch[:3],
+                   self.acquires.get(self.pid, 0))
             self.pending.append(rec)
             self.mine_new.append(rec)
             self.accesses += 1
@@ -196,6 +199,7 @@ class Checker:
             threshold = was
         self.hint = None
         self.waiting = None
+        self.acquires[self.pid] = self.acquires.get(self.pid, 0) + 1
         _clock.join(self.cur, _clock.acquired([(v, c) for v, c, _ in hist], threshold))
 
     def _block(self, key, want, have):
