@@ -117,7 +117,7 @@ class _Runner:
     """One thread that runs programs; it runs only while it holds the baton."""
 
     def __init__(self, main: bool):
-        self.sem = threading.Semaphore(0)
+        self.sem = threading.Semaphore(0) if not main else _MainSem()
         self.main, self.idx = main, None
         self.since, self.last, self.key = 0.0, 0.0, None  # the current wait
 
@@ -131,7 +131,6 @@ class _Schedule:
         self.error: BaseException | None = None
         self.progress = 0  # bumps whenever a program starts, ends or a new wait begins
         self.blocked_s = 0.0 if rng is not None else _CFG["blocked_s"]
-        self.state = fastcall.launch_state()
 
     # -- the launching thread ---------------------------------------------------------
     def run(self) -> None:
@@ -205,11 +204,12 @@ class _Schedule:
     def _spawn(self) -> _Runner:
         r = _Runner(False)
         self.live += 1
+        state = fastcall.launch_state()  # the spawning thread's: the launch's
 
         def body():
             r.sem.acquire()
             _LOCAL.runner = r
-            fastcall.adopt(self.state)
+            fastcall.adopt(state)
             try:
                 if self.error is None:
                     self._work(r)
@@ -242,6 +242,24 @@ class _Schedule:
         me = _LOCAL.runner
         self.progress += 1
         self._switch(me, self._next(), park=True)
+
+
+class _MainSem:
+    """The launching thread's semaphore, made when it first parks (most launches never)."""
+
+    def __init__(self):
+        self._sem = None
+
+    def _get(self) -> threading.Semaphore:
+        if self._sem is None:
+            self._sem = threading.Semaphore(0)
+        return self._sem
+
+    def acquire(self) -> bool:
+        return self._get().acquire()
+
+    def release(self) -> None:
+        self._get().release()
 
 
 _LOCAL = threading.local()
