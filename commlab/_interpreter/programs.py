@@ -117,7 +117,8 @@ class _Runner:
     """One thread that runs programs; it runs only while it holds the baton."""
 
     def __init__(self, main: bool):
-        self.sem = threading.Semaphore(0) if not main else _MainSem()
+        # the launching thread's is made when it first parks (most launches never do)
+        self.sem: threading.Semaphore | None = None if main else threading.Semaphore(0)
         self.main, self.idx = main, None
         self.since, self.last, self.key = 0.0, 0.0, None  # the current wait
 
@@ -172,13 +173,16 @@ class _Schedule:
         if sw is not None and me.idx is not None:
             sw("out", me.idx)
         if park:
+            if me.sem is None:  # made before anyone can release it
+                me.sem = threading.Semaphore(0)
             self.parked.append(me)
+        assert to.sem is not None  # only a parked runner or a new one is handed the baton
         to.sem.release()
         if not park:
             return
         while True:
             try:
-                me.sem.acquire()
+                me.sem.acquire()  # type: ignore[union-attr]  # made above
                 break
             except KeyboardInterrupt as e:  # the launching thread: stop the others at
                 if self.error is None:  # their next switch point, then re-raise
@@ -207,6 +211,7 @@ class _Schedule:
         state = fastcall.launch_state()  # the spawning thread's: the launch's
 
         def body():
+            assert r.sem is not None
             r.sem.acquire()
             _LOCAL.runner = r
             fastcall.adopt(state)
@@ -215,7 +220,9 @@ class _Schedule:
                     self._work(r)
             finally:
                 self.live -= 1
-                self.parked.pop(0).sem.release()  # main is parked while any other lives
+                nxt = self.parked.pop(0)  # main is parked while any other lives
+                assert nxt.sem is not None
+                nxt.sem.release()
 
         threading.Thread(target=body, name="commlab-program", daemon=True).start()
         return r
@@ -242,24 +249,6 @@ class _Schedule:
         me = _LOCAL.runner
         self.progress += 1
         self._switch(me, self._next(), park=True)
-
-
-class _MainSem:
-    """The launching thread's semaphore, made when it first parks (most launches never)."""
-
-    def __init__(self):
-        self._sem = None
-
-    def _get(self) -> threading.Semaphore:
-        if self._sem is None:
-            self._sem = threading.Semaphore(0)
-        return self._sem
-
-    def acquire(self) -> bool:
-        return self._get().acquire()
-
-    def release(self) -> None:
-        self._get().release()
 
 
 _LOCAL = threading.local()
