@@ -47,3 +47,9 @@ def test_a_lost_update_surfaces_as_a_race_naming_the_seed(explored):
 def test_a_wait_for_a_later_program_of_the_launch_ends_outside_racecheck(explored):
     for r in explored:
         assert r["later"] == 1 and r["usable"]
+
+
+def test_a_failing_program_unwinds_the_one_waiting_for_it_and_its_error_is_raised(explored):
+    for r in explored:
+        assert "CommlabUsageError" in r["failed"] and "peer" in r["failed"], r["failed"]
+        assert r["usable"]

@@ -31,6 +31,30 @@ def count_kernel(cnt):
     tl.store(cnt, tl.load(cnt) + 1)
 
 
+@triton.jit
+def later_program_fails_kernel(flag, ctx):
+    """Program 0 waits for program 1, which fails (a peer outside the world) first."""
+    if tl.program_id(0) == 0:
+        cl.wait(flag, 1)
+    else:
+        cl.notify(flag, cl.num_ranks(ctx) + 5, ctx, 1)
+
+
+def _failure_text(comm, cnt) -> str:
+    """What a failing later program raises from its launch (its waiting peer unwound)."""
+    cnt.zero_()
+    commlab.barrier()
+    try:
+        later_program_fails_kernel[(2,)](cnt, comm.context)
+    except Exception as e:  # noqa: BLE001 - the test checks what came out
+        chain = []
+        while e is not None:
+            chain.append(f"{type(e).__name__}: {e}")
+            e = e.__cause__
+        return " <- ".join(chain)
+    return ""
+
+
 def _deadlocks(comm, cnt, seed) -> str:
     """The WaitTimeoutError text of reuse_count_kernel under ``seed`` ("" if it ran)."""
     cnt.zero_()
@@ -81,7 +105,8 @@ def schedule_world(comm) -> dict:
     commlab.barrier()
     later_program_kernel[(2,)](cnt, comm.context)  # outside racecheck: ends as on a GPU
     later = int(cnt[0])
+    failed = _failure_text(comm, cnt)
     x = torch.ones(100)
     usable = bool(torch.equal(commlab.all_reduce(x), x * comm.world_size))
     return {"plain": plain, "hung": hung, "bad": bad, "good": good, "again": again,
-            "counts": counts, "later": later, "usable": usable}
+            "counts": counts, "later": later, "failed": failed, "usable": usable}
