@@ -15,6 +15,18 @@ import threading
 
 from commlab import _config
 
+_DEPTH = threading.local()  # per thread: launches entered, language modules patched
+
+
+def launch_state() -> tuple:
+    """This thread's launch state, for a program thread of the same launch (``programs``)."""
+    return getattr(_DEPTH, "n", 0), getattr(_DEPTH, "patched", None)
+
+
+def adopt(state: tuple) -> None:
+    """Make the calling thread share a launch's state (from ``launch_state``)."""
+    _DEPTH.n, _DEPTH.patched = state
+
 
 def install() -> bool:
     """Patch the interpreter's launch and nested-call paths; return whether it is on."""
@@ -28,7 +40,7 @@ def install() -> bool:
         return False
     if getattr(fn_cls.__call__, "_commlab", False):
         return True
-    depth = threading.local()
+    depth = _DEPTH
     grid_call, nested_call = grid_cls.__call__, fn_cls.__call__
     langs = (tl, tl.core)
 

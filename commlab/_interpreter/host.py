@@ -16,7 +16,7 @@ import time
 import numpy as np
 import triton
 
-from commlab._interpreter import liveness
+from commlab._interpreter import liveness, programs
 from commlab._interpreter.choose import interpreting
 
 _WAITS = [None]  # the registered wait observer (racecheck), or None
@@ -50,6 +50,8 @@ if interpreting():
         the waiter sleeps, progressively longer, instead of spinning."""
         if _WAITS[0] is not None:
             _WAITS[0]("poll", None, None)
+        if programs.blocked():  # other programs of this launch ran meanwhile: re-poll
+            return
         now = time.perf_counter()
         if now - _spin[1] > 0.005:  # a new wait began
             _spin[0] = 0
@@ -72,6 +74,8 @@ if interpreting():
         if addr.size != 1 or want.size != 1:
             return host_yield()
         cell, want = ctypes.c_int32.from_address(int(addr.flat[0])), int(want.flat[0])
+        if cell.value >= want or programs.blocked((int(addr.flat[0]), want)):
+            return  # there, or other programs of this launch ran meanwhile: re-poll
         give_up, spin = time.perf_counter() + 0.002, 0
         while cell.value < want and time.perf_counter() < give_up:
             if spin < 10:

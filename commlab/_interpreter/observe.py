@@ -4,17 +4,21 @@ This package is layer 0 and imports nothing above it; a checker registers here:
 
 - ``set_launch_observer(fn)``: every launch runs as ``fn(fn_name, grid, do)``, where
   ``do()`` runs the launch and returns its result (``fn`` calls it exactly once);
-- ``set_program_observer(fn)``: ``fn((x, y, z))`` before each program instance runs;
+- ``set_program_observer(fn)``: ``fn((x, y, z))`` before each program instance runs,
+  ``set_switch_observer(fn)``: ``fn("out"|"in", (x, y, z))`` when a program of a
+  cooperative launch hands the baton on and gets it back (``programs``);
 - ``host.set_wait_observer`` (in ``host``): every host-side poll of a spin-wait;
 - ``memory.set_observer``: every load, store and atomic.
 
-``install()`` wraps the interpreter's launch and program-index methods once; with no
-observer registered each costs one ``None`` check.
+``install()`` wraps the interpreter's launch once: the launch runs its programs through
+``programs.run``; with no observer registered that costs one ``None`` check.
 """
 
 from __future__ import annotations
 
-_STATE = {"launch": None, "program": None, "installed": False}
+from commlab._interpreter import programs
+
+_STATE = {"launch": None, "installed": False}
 
 
 def set_launch_observer(fn) -> None:
@@ -22,11 +26,15 @@ def set_launch_observer(fn) -> None:
 
 
 def set_program_observer(fn) -> None:
-    _STATE["program"] = fn
+    programs.OBSERVERS["program"] = fn
+
+
+def set_switch_observer(fn) -> None:
+    programs.OBSERVERS["switch"] = fn
 
 
 def install() -> bool:
-    """Wrap ``GridExecutor.__call__`` and ``InterpreterBuilder.set_grid_idx`` (idempotent)."""
+    """Wrap ``GridExecutor.__call__`` (idempotent)."""
     if _STATE["installed"]:
         return True
     from triton.runtime import interpreter as ti
@@ -34,20 +42,14 @@ def install() -> bool:
     grid_cls, builder = getattr(ti, "GridExecutor", None), getattr(ti, "InterpreterBuilder", None)
     if grid_cls is None or builder is None or not hasattr(builder, "set_grid_idx"):
         return False
-    grid_call, set_idx = grid_cls.__call__, builder.set_grid_idx
+    grid_call = grid_cls.__call__
 
     def launch(self, *args, **kwargs):
         fn = _STATE["launch"]
         if fn is None:
-            return grid_call(self, *args, **kwargs)
-        return fn(self.fn, self.grid, lambda: grid_call(self, *args, **kwargs))
+            return programs.run(self, grid_call, args, kwargs)
+        return fn(self.fn, self.grid, lambda: programs.run(self, grid_call, args, kwargs))
 
-    def set_grid_idx(self, x, y, z):
-        set_idx(self, x, y, z)
-        fn = _STATE["program"]
-        if fn is not None:
-            fn((x, y, z))
-
-    grid_cls.__call__, builder.set_grid_idx = launch, set_grid_idx
+    grid_cls.__call__ = launch
     _STATE["installed"] = True
     return True

@@ -73,7 +73,7 @@ def message(chk, first, later) -> str:
     if first[4] == later[4] and first[10][0] == later[10][0]:
         p, q = sorted((first[5][0], later[5][0]))
         why = (f"Programs {p} and {q} of one launch run concurrently "
-               f"(as on a GPU; the interpreter only runs them one after another): order "
+               f"(as on a GPU, in any order): order "
                f"them with a cl.notify/cl.wait pair, or put the second access in a later "
                f"launch")
     else:
@@ -84,7 +84,7 @@ def message(chk, first, later) -> str:
                    f"wait that follows rank {o[4]}'s notify after its store at {o[9]}")
         else:
             o, w = writes[0], first if writes[0] is later else later
-            if not any(k[0] == o[4] and k[1] != -1 for k in w[8]):
+            if w[11] == 0:  # the loading program had not completed a wait in its launch
                 why = (f"rank {w[4]} loaded it before any wait that follows rank {o[4]}'s "
                        f"notify: rank {o[4]} should cl.notify after its store at {o[9]} and "
                        f"rank {w[4]} cl.wait for that value before loading")

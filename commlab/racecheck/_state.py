@@ -15,19 +15,22 @@ import time
 
 import numpy as np
 
+from commlab._interpreter import programs
 from commlab.racecheck import _clock, _races, _where
 
 _SIGNED = {4: ctypes.c_int32, 8: ctypes.c_int64, 2: ctypes.c_int16, 1: ctypes.c_int8}
 
 
 class Checker:
-    def __init__(self, comm, shared, wait_timeout=None):
+    def __init__(self, comm, shared, wait_timeout=None, seed=None):
         self.comm, self.shared = comm, shared
         self.rank, self.world = comm.rank, comm.world_size
         self.bases = [int(b) for b in comm.heap.bases]
         self.size = int(comm.heap.size)
         self.host = {(self.rank, -1): 1}
         self.wait_timeout = wait_timeout
+        self.seed = seed  # the schedule's seed under shuffle=True, else None
+        self.parked: dict = {}  # program -> (hint, waiting, blocked_since) while switched out
         self.history: dict = {}  # (owner, offset) -> [(value after, clock|None, rank)]
         self.records: dict = {}  # peer rank -> its accesses (and sync marks) to compare
         self.pending: list = []  # ours, not yet in the shared log
@@ -41,6 +44,7 @@ class Checker:
         self.blocked_since = 0.0
         self.reported: set = set()
         self.accesses = 0  # symmetric-memory access ranges recorded (a health figure)
+        self.acquires: dict = {}  # program -> acquires it completed in this launch
 
     # -- addresses --------------------------------------------------------------------
     def owner_of(self, addrs: np.ndarray):
@@ -72,6 +76,18 @@ class Checker:
         clock[comp] = base.get(comp, 0) + 1
         progs[idx] = clock
         self.cur, self.pid = clock, idx
+        self.hint, self.waiting = None, None
+        self.acquires[idx] = 0
+
+    def switch(self, event, idx):
+        """A program of a cooperative launch hands the baton on ("out") or gets it back."""
+        if self.launch is None:
+            return
+        if event == "out":
+            self.parked[idx] = (self.hint, self.waiting, self.blocked_since)
+            return
+        self.cur, self.pid = self.launch[4][idx], idx
+        self.hint, self.waiting, self.blocked_since = self.parked.pop(idx, (None, None, 0.0))
 
     def end_launch(self):
         if self.launch is None:
@@ -81,6 +97,7 @@ class Checker:
         self.tick_host()
         self.flush()
         self.launch, self.cur, self.pid, self.hint, self.waiting = None, None, None, None, None
+        self.parked, self.acquires = {}, {}
 
     def tick_host(self):
         comp = (self.rank, -1)
@@ -99,6 +116,8 @@ class Checker:
             owner, off = self.owner_of(addrs)
             sym = owner >= 0
             if sym.any():
+                if self.seed is not None:
+                    programs.point()
                 self._record(acc.kind == "store", owner[sym], off[sym], isz)
         return do()
 
@@ -114,7 +133,8 @@ class Checker:
         snap = dict(self.cur)
         for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
             rec = (int(owner[s]), int(off[s]), int(off[e - 1]) + isz, write, self.rank,
-                   self.pid, comp, self.cur[comp], snap, where, self.launch[:3])
+                   self.pid, comp, self.cur[comp], snap, where, self.launch[:3],
+                   self.acquires.get(self.pid, 0))
             self.pending.append(rec)
             self.mine_new.append(rec)
             self.accesses += 1
@@ -132,6 +152,8 @@ class Checker:
         owner, off = self.owner_of(addrs)
         if addrs.size == 0 or (owner < 0).all():
             return do()
+        if self.seed is not None:
+            programs.point()
         sem = str(acc.sem).rsplit(".", 1)[-1]
         release, acquire = "RELEASE" in sem, "ACQUIRE" in sem
         if release:
@@ -177,6 +199,7 @@ class Checker:
             threshold = was
         self.hint = None
         self.waiting = None
+        self.acquires[self.pid] = self.acquires.get(self.pid, 0) + 1
         _clock.join(self.cur, _clock.acquired([(v, c) for v, c, _ in hist], threshold))
 
     def _block(self, key, want, have):

@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from commlab.errors import WaitTimeoutError
+from commlab.racecheck import _where
 
 
 class Waits:
@@ -57,7 +58,7 @@ class Waits:
             _, p, w, k, want_r, have_r = blocked[r]
             hist = chk.history.get(k, [])
             last = next((h[2] for h in reversed(hist) if h[1] is not None), None)
-            could = sorted({h[2] for h in hist if h[1] is not None} - {r}) or [
+            could = sorted({h[2] for h in hist if h[1] is not None}) or [
                 x for x in range(chk.world) if x != r]
             edges[r] = could
             prog = p[0] if p[1] == 0 and p[2] == 0 else p
@@ -73,29 +74,11 @@ class Waits:
         tail = (" Cycle: " + " -> ".join(f"rank {x}" for x in cycle) + "." if cycle else
                 " No cycle among blocked ranks: a rank that could notify is not waiting "
                 "(it skipped the notify or finished).")
-        tail += _later_programs(chk, pid)
+        tail += _where.schedule(chk)
         return (f"cl.wait/cl.barrier unsatisfied after {chk.wait_timeout:g} s on rank "
                 f"{chk.rank}. Wait-for graph: " + "; ".join(lines) + "." + tail +
                 " Call comm.recover() on every rank before the next collective.",
                 nodes, cycle)
-
-
-def _later_programs(chk, pid) -> str:
-    """A note when programs after the blocked one in this launch have not run yet."""
-    from triton.runtime.interpreter import interpreter_builder
-
-    dims = getattr(interpreter_builder, "grid_dim", None)
-    if not dims or pid is None:
-        return ""
-    total = dims[0] * dims[1] * dims[2]
-    flat = (pid[2] * dims[1] + pid[1]) * dims[0] + pid[0]
-    if flat + 1 >= total:
-        return ""
-    return (f" Programs after {pid[0] if total == dims[0] else pid} of this launch "
-            f"({total - flat - 1} of {total}) have not run yet: the interpreter runs a "
-            f"launch's programs one after another, so a wait for a later program of the "
-            f"same launch never ends on the CPU backend (it does on a GPU, where they run "
-            f"at once); signal between ranks or launches instead, or launch one program.")
 
 
 def _cycle(edges: dict) -> list:

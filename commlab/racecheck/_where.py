@@ -1,4 +1,5 @@
-"""Naming things in messages: the kernel line of an access, a symmetric byte range."""
+"""Naming things in messages: the kernel line of an access, a symmetric byte range, the
+schedule's seed."""
 
 from __future__ import annotations
 
@@ -42,3 +43,11 @@ def region(heap, owner: int, lo: int, hi: int) -> str:
         if lo >= start:
             return f"rank {owner}'s {name} bytes {lo - start}..{hi - start - 1}"
     return f"rank {owner}'s heap bytes {lo:#x}..{hi - 1:#x}"
+
+
+def schedule(chk) -> str:
+    """Under shuffle=True, the sentence naming the seed (it replays the schedule)."""
+    if chk.seed is None:
+        return ""
+    return (f" Schedule: shuffle seed {chk.seed}; commlab.racecheck(shuffle=True, "
+            f"seed={chk.seed}) runs the same program order again.")

@@ -153,7 +153,8 @@ def deadlock_world(comm) -> dict:
         later = str(e)
     comm.recover()
     ok = ok and bool(torch.equal(commlab.all_reduce(x), x * comm.world_size))
-    return {"text": text, "usable": ok, "later": later, "graph": graph, "cycle": cycle}
+    return {"text": text, "usable": ok, "later": later, "later_flag": int(flag[0]),
+            "graph": graph, "cycle": cycle}
 
 
 def collectives_world(comm, repeats: int = 2) -> dict:
