@@ -73,6 +73,12 @@ class Communicator:
         return self.heap.layout.scratch_bytes
 
     def synchronize(self) -> None:
+        """Wait for this rank's device, after checking every call that ran ahead of the
+        agreement (a mismatch found there raises the RankMismatchError every rank raises)."""
+        self.control.settle()
+        self._device_sync()
+
+    def _device_sync(self) -> None:
         if self.backend == "cuda":
             torch.cuda.synchronize(self.device)
 
@@ -83,11 +89,11 @@ class Communicator:
         Collective: every rank calls it (the notebook engine does after Ctrl-C or a hang
         report). Clears the signal pad, the flags and the agreement sequence."""
         dist.barrier(group=self.cpu_group)
-        self.synchronize()
+        self._device_sync()  # calls that ran ahead are forgotten, not checked
         lay = self.heap.layout
         self.heap.region(lay.signal_pad, SIGNAL_PAD_BYTES + FLAGS_BYTES, torch.uint8).zero_()
         self.control.reset()
-        self.synchronize()
+        self._device_sync()
         dist.barrier(group=self.cpu_group)
 
     def close(self) -> None:
@@ -97,13 +103,14 @@ class Communicator:
             return
         self.closed = True
         try:
-            self.synchronize()
+            self._device_sync()  # no check of calls that ran ahead: peers may be gone
         except Exception:  # a broken device must not stop the rest of the cleanup
             pass
         self.heap.closed = True
         if self.backend == "cpu":
             liveness.set_watch(None)
         self.plans.clear()
+        self.control.ahead.drains.clear()
         self._keep.clear()
         if self._world is not None and self._world.owns_pg and dist.is_initialized():
             dist.destroy_process_group()
