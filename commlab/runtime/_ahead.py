@@ -24,6 +24,10 @@ at n and finds a mismatch first launches the skipping ranks' kernel itself
 stay in step; then it raises. The skipping ranks raise the same RankMismatchError (its
 text is built from every rank's signature) when their check of n runs, at the latest at
 their next call or synchronize after the peers made call n; then they wait again.
+
+What a skipped wait gives up: a rank missing from a call its peers ran ahead is named
+only by their next waiting check (the same CollectiveTimeoutError), while their kernel
+already waits for it on the device (on CPU the interpreter's wait names a dead peer).
 """
 
 from __future__ import annotations
