@@ -74,11 +74,11 @@ class Ahead:
     def poll(self) -> None:
         """Check the pending calls every peer has published (no waiting)."""
         b = self.block
-        peers = [r for r in range(b.world_size) if r != b.rank]
         while self.pending:
             n = self.pending[0][0]
-            if not all(b.published(r, n) for r in peers):
-                return
+            for r in b.peers:
+                if not b.published(r, n):
+                    return
             self._check()
 
     def settle(self) -> None:
@@ -93,14 +93,15 @@ class Ahead:
         n, sig, raw = self.pending.popleft()
         b = self.block
         b.set_checked(n)
-        if any(b._raw(r, n) != raw for r in range(b.world_size) if r != b.rank):
-            b._compare(n, sig, raw)  # raises the text every rank raises
+        for r in b.peers:
+            if b._raw(r, n) != raw:
+                b._compare(n, sig, raw)  # raises the text every rank raises
 
     def drain(self, n: int) -> None:
         """Call ``n`` mismatched after this rank waited: if peers launched it ahead, launch
         their kernel here too (on zeros), so theirs completes; then the caller raises."""
         b = self.block
-        ahead = [r for r in range(b.world_size) if r != b.rank and b.went_ahead(r, n)]
+        ahead = [r for r in b.peers if b.went_ahead(r, n)]
         if ahead:
             fn = self.drains.get(b._raw(ahead[0], n))
             if fn is not None:

@@ -99,7 +99,8 @@ class ControlBlock:
         self.seq = 0  # collectives entered by this rank
         self.waits = 0  # calls that waited for every rank (the rest ran ahead)
         self._lock = threading.Lock()  # held while a thread is inside agree()
-        self._inside = ""  # that thread's name and op, for the refusal
+        self._inside: tuple = (None, "")  # that thread and op, for the refusal
+        self.peers = [r for r in range(world_size) if r != rank]
         self.ahead = Ahead(self, _config.get("COMMLAB_AGREE_AHEAD"))
 
     @staticmethod
@@ -123,7 +124,7 @@ class ControlBlock:
         return max(_HDR.unpack_from(self.buf, self._slot(rank, s))[0] for s in range(RING))
 
     def published(self, rank: int, seq: int) -> bool:
-        return _HDR.unpack_from(self.buf, self._slot(rank, seq))[0] >= seq
+        return _SEQ.unpack_from(self.buf, (rank * RING + seq % RING) * SLOT)[0] >= seq
 
     def went_ahead(self, rank: int, seq: int) -> bool:
         """Whether ``rank`` published ``seq`` without waiting (it has launched already)."""
@@ -131,8 +132,10 @@ class ControlBlock:
 
     def ring_free(self, n: int) -> bool:
         """Whether publishing ``n`` overwrites only slots every peer has checked."""
-        return all(self.checked(r) >= n - RING for r in range(self.world_size)
-                   if r != self.rank)
+        for r in self.peers:
+            if self.checked(r) < n - RING:
+                return False
+        return True
 
     def _read(self, rank: int, seq: int) -> Signature:
         return Signature.decode(self._raw(rank, seq))
@@ -144,13 +147,15 @@ class ControlBlock:
         ``ahead``: the caller holds a cached plan for ``raw``; the call may then return
         without waiting and be checked later (``commlab.runtime._ahead`` says when)."""
         if not self._lock.acquire(blocking=False):
+            inside, op = self._inside
             raise CommlabUsageError(
                 f"{sig.op} on rank {self.rank}: thread {threading.current_thread().name!r} "
-                f"called a collective while {self._inside} is inside one on the same "
+                f"called a collective while thread {inside.name!r} ({op}) is inside one "
+                f"on the same "
                 f"communicator; call a communicator's collectives from one thread at a time "
                 f"(serialize them with a lock, in the same order on every rank)")
         try:
-            self._inside = f"thread {threading.current_thread().name!r} ({sig.op})"
+            self._inside = (threading.current_thread(), sig.op)
             if raw is None:
                 raw = sig.encode()
             if ahead and SYNC_HOOK[0] is None and self.ahead.may_skip(raw, self.seq + 1):
