@@ -82,7 +82,7 @@ def run_world(fn, world_size: int, args: tuple = (), kwargs: dict | None = None,
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
-    stacks = tempfile.TemporaryDirectory(prefix="commlab-world-")
+    stacks = tempfile.TemporaryDirectory(prefix="commlab-run-world-")
     stack_files = [os.path.join(stacks.name, f"rank{r}.txt") for r in range(world_size)]
     procs = [
         ctx.Process(target=_rank_main, daemon=True,

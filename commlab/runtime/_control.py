@@ -1,9 +1,9 @@
 """Host-side agreement before every collective: same op, same shapes, everyone present.
 
-Every rank owns two 256-byte slots in a small shared-memory block (all ranks live on one
-host). Entering collective number ``n``, a rank writes its *signature* (op, dtype,
-shape, parameters, or the local error it found) into slot ``n % 2`` and then publishes
-``n``; it waits until every peer has published ``n`` and compares signatures. So a bad
+Every rank owns a ring of ``RING`` 256-byte slots in a small shared-memory block (all ranks
+live on one host). Entering collective number ``n``, a rank writes its *signature* (op,
+dtype, shape, parameters, or the local error it found) into slot ``n % RING`` and then
+publishes ``n``; it waits until every peer has published ``n`` and compares signatures. So a bad
 argument on one rank raises a clear error on *every* rank before any kernel launches,
 and a collective called on only some ranks ends in a ``CollectiveTimeoutError`` that
 says who is missing and where they are, instead of a silent hang.
@@ -17,8 +17,12 @@ another is inside it is refused with a ``CommlabUsageError`` (two threads would 
 into one sequence and break the world for good). Call a communicator's collectives from
 one thread, or serialize them with your own lock in the same order on every rank.
 
-Two slots suffice: a rank can only publish ``n + 2`` after passing check ``n + 1``,
-which needs every peer to have published ``n + 1``, i.e. to have finished reading ``n``.
+A slot is never overwritten before every peer read it: a rank publishes ``n`` only once
+every peer's *checked* word (the last call it finished comparing) is at least
+``n - RING``. A call that waited is never held by this: having passed check ``n - 1``, every
+peer published ``n - 1``, so it had checked ``n - 2``. Calls that skip the wait (a repeated
+call of an agreed plan, ``commlab.runtime._ahead``) are checked later; the ring bounds
+how far a rank may run ahead of its peers' checks.
 """
 
 from __future__ import annotations
@@ -29,9 +33,14 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from commlab import _config
 from commlab.errors import CollectiveTimeoutError, CommlabUsageError, RankMismatchError
+from commlab.runtime._ahead import Ahead
 
 SLOT = 256
+RING = 8  # slots per rank: how many calls may be published before peers check them
+_STATE = 64  # per rank, after the slots: the checked word
+_AHEAD_BIT = 1 << 32  # in the length word: published without waiting (see _ahead)
 _HDR = struct.Struct("<qq")  # published seq, signature length
 _SEQ = struct.Struct("<q")
 _LEN = struct.Struct("<q")
@@ -80,82 +89,142 @@ def _ranks_str(ranks: list[int]) -> str:
 
 
 class ControlBlock:
+    RING = RING
+
     def __init__(self, buf, rank: int, world_size: int, timeout: float):
-        self.buf = buf  # mmap of world_size * 2 * SLOT bytes
+        self.buf = buf  # mmap of nbytes(world_size)
         self.rank = rank
         self.world_size = world_size
         self.timeout = timeout
         self.seq = 0  # collectives entered by this rank
+        self.waits = 0  # calls that waited for every rank (the rest ran ahead)
         self._lock = threading.Lock()  # held while a thread is inside agree()
-        self._inside = ""  # that thread's name and op, for the refusal
+        self._inside: tuple = (None, "")  # that thread and op, for the refusal
+        self.peers = [r for r in range(world_size) if r != rank]
+        self.ahead = Ahead(self, _config.get("COMMLAB_AGREE_AHEAD"))
 
     @staticmethod
     def nbytes(world_size: int) -> int:
-        return world_size * 2 * SLOT
+        return world_size * (RING * SLOT + _STATE)
 
     def _slot(self, rank: int, seq: int) -> int:
-        return (rank * 2 + seq % 2) * SLOT
+        return (rank * RING + seq % RING) * SLOT
+
+    def _state(self, rank: int) -> int:
+        return self.world_size * RING * SLOT + rank * _STATE
+
+    def checked(self, rank: int) -> int:
+        """The last call ``rank`` finished comparing with every peer's."""
+        return _SEQ.unpack_from(self.buf, self._state(rank))[0]
+
+    def set_checked(self, n: int) -> None:
+        _SEQ.pack_into(self.buf, self._state(self.rank), n)
 
     def _published(self, rank: int) -> int:
-        a = _HDR.unpack_from(self.buf, self._slot(rank, 0))[0]
-        b = _HDR.unpack_from(self.buf, self._slot(rank, 1))[0]
-        return max(a, b)
+        return max(_HDR.unpack_from(self.buf, self._slot(rank, s))[0] for s in range(RING))
+
+    def published(self, rank: int, seq: int) -> bool:
+        return _SEQ.unpack_from(self.buf, (rank * RING + seq % RING) * SLOT)[0] >= seq
+
+    def went_ahead(self, rank: int, seq: int) -> bool:
+        """Whether ``rank`` published ``seq`` without waiting (it has launched already)."""
+        return bool(_HDR.unpack_from(self.buf, self._slot(rank, seq))[1] & _AHEAD_BIT)
+
+    def ring_free(self, n: int) -> bool:
+        """Whether publishing ``n`` overwrites only slots every peer has checked."""
+        for r in self.peers:
+            if self.checked(r) < n - RING:
+                return False
+        return True
 
     def _read(self, rank: int, seq: int) -> Signature:
         return Signature.decode(self._raw(rank, seq))
 
-    def agree(self, sig: Signature, raw: bytes | None = None) -> int:
+    def agree(self, sig: Signature, raw: bytes | None = None, *, ahead: bool = False) -> int:
         """Publish ``sig`` (``raw``: its encoding, when the caller cached it), wait for every
-        rank, raise if any rank disagrees. Returns the sequence number."""
+        rank, raise if any rank disagrees. Returns the sequence number.
+
+        ``ahead``: the caller holds a cached plan for ``raw``; the call may then return
+        without waiting and be checked later (``commlab.runtime._ahead`` says when)."""
         if not self._lock.acquire(blocking=False):
+            inside, op = self._inside
             raise CommlabUsageError(
                 f"{sig.op} on rank {self.rank}: thread {threading.current_thread().name!r} "
-                f"called a collective while {self._inside} is inside one on the same "
+                f"called a collective while thread {inside.name!r} ({op}) is inside one "
+                f"on the same "
                 f"communicator; call a communicator's collectives from one thread at a time "
                 f"(serialize them with a lock, in the same order on every rank)")
         try:
-            self._inside = f"thread {threading.current_thread().name!r} ({sig.op})"
+            self._inside = (threading.current_thread(), sig.op)
+            if raw is None:
+                raw = sig.encode()
+            if ahead and SYNC_HOOK[0] is None and self.ahead.may_skip(raw, self.seq + 1):
+                return self.ahead.publish(sig, raw)
             return self._agree(sig, raw)
+        except BaseException:
+            self.ahead.last = None  # the next call waits
+            raise
         finally:
             self._lock.release()
 
-    def _agree(self, sig: Signature, raw: bytes | None) -> int:
-        n = self.seq + 1
-        if raw is None:
-            raw = sig.encode()
+    def settle(self) -> None:
+        """Check every call that ran ahead (waits for peers to publish them); raises the
+        mismatch one of them had, the same error the peers raise."""
+        with self._lock:
+            try:
+                self.ahead.settle()
+            except BaseException:
+                self.ahead.last = None
+                raise
+
+    def publish(self, n: int, raw: bytes, *, ahead: bool = False) -> None:
         off = self._slot(self.rank, n)
         buf = self.buf
         buf[off + _HDR.size : off + _HDR.size + len(raw)] = raw
-        _LEN.pack_into(buf, off + 8, len(raw))
+        _LEN.pack_into(buf, off + 8, len(raw) | (_AHEAD_BIT if ahead else 0))
         # publish last, with one aligned 8-byte store: a peer that sees seq n also
         # sees the body and length written above (x86 keeps stores in order)
         SYNC_HOOK[0] and SYNC_HOOK[0]("publish", self.rank, n)
         _SEQ.pack_into(buf, off, n)
+
+    def _agree(self, sig: Signature, raw: bytes) -> int:
+        self.ahead.settle()  # every earlier call is checked before this one waits
+        n = self.seq + 1
+        if not self.ring_free(n):
+            self._wait(n, sig, lambda r: self.checked(r) >= n - RING, f"check #{n - RING}")
+        self.publish(n, raw)
         try:
             self._wait_all(n, sig)
             SYNC_HOOK[0] and SYNC_HOOK[0]("join", self.rank, n)
         except BaseException:
-            _SEQ.pack_into(buf, off, n - 2 if n >= 2 else 0)  # withdraw
+            _SEQ.pack_into(self.buf, self._slot(self.rank, n), max(n - RING, 0))  # withdraw
             raise
         self.seq = n
+        self.set_checked(n)
+        self.waits += 1
         # fast path: every peer published byte-identical arguments and no local error
         if sig.error or any(self._raw(r, n) != raw for r in range(self.world_size)
                             if r != self.rank):
+            self.ahead.drain(n)  # peers that launched already get their kernel's partner
             self._compare(n, sig, raw)
+        self.ahead.last = raw
         return n
 
     def _raw(self, rank: int, seq: int) -> bytes:
         off = self._slot(rank, seq)
-        _, length = _HDR.unpack_from(self.buf, off)
+        length = _HDR.unpack_from(self.buf, off)[1] & (_AHEAD_BIT - 1)
         return bytes(self.buf[off + _HDR.size : off + _HDR.size + length])
 
     def _wait_all(self, n: int, sig: Signature) -> None:
+        self._wait(n, sig, lambda r: self.published(r, n), "arrive")
+
+    def _wait(self, n: int, sig: Signature, done, what: str) -> None:
+        """Spin until ``done(r)`` for every peer ``r``; the timeout names who is missing."""
         pending = [r for r in range(self.world_size) if r != self.rank]
         start = None
         spins = 0
         while pending:
-            pending = [r for r in pending
-                       if _HDR.unpack_from(self.buf, self._slot(r, n))[0] < n]
+            pending = [r for r in pending if not done(r)]
             if not pending:
                 return
             spins += 1
@@ -165,9 +234,9 @@ class ControlBlock:
                 # back off: on small machines the ranks we wait for need this core
                 time.sleep(0 if spins < 2000 else 0.0005)
             if spins % 64 == 0 and time.monotonic() - start > self.timeout:
-                self._timeout(n, sig, pending)
+                self._timeout(n, sig, pending, what)
 
-    def _timeout(self, n: int, sig: Signature, missing: list[int]) -> None:
+    def _timeout(self, n: int, sig: Signature, missing: list[int], what: str) -> None:
         where = []
         for r in missing:
             last = self._published(r)
@@ -176,7 +245,7 @@ class ControlBlock:
             else:
                 where.append(f"rank {r} last entered {self._read(r, last).op} #{last}")
         raise CollectiveTimeoutError(
-            f"{sig.op} #{n} on rank {self.rank}: {_ranks_str(missing)} did not arrive "
+            f"{sig.op} #{n} on rank {self.rank}: {_ranks_str(missing)} did not {what} "
             f"within {self.timeout:g} s ({'; '.join(where)}). A collective must be "
             f"called by every rank, in the same order; check for a rank-dependent "
             f"branch around it, or raise the limit with commlab.init(timeout=...)"
@@ -228,8 +297,10 @@ class ControlBlock:
 
     def reset(self) -> None:
         """Forget the sequence (all ranks call this together, e.g. after a recovery)."""
-        for s in (0, 1):
+        for s in range(RING):
             _HDR.pack_into(self.buf, self._slot(self.rank, s), 0, 0)
+        self.set_checked(0)
+        self.ahead.reset()
         self.seq = 0
 
 

@@ -101,6 +101,12 @@ class Communicator:
         return self.heap.layout.scratch_bytes
 
     def synchronize(self) -> None:
+        """Wait for this rank's device, after checking every call that ran ahead of the
+        agreement (a mismatch found there raises the RankMismatchError every rank raises)."""
+        self.control.settle()
+        self._device_sync()
+
+    def _device_sync(self) -> None:
         if self.backend == "cuda":
             torch.cuda.synchronize(self.device)
 
@@ -116,11 +122,11 @@ class Communicator:
             dist.barrier(group=self.cpu_group)
             return
         dist.barrier(group=self.cpu_group)
-        self.synchronize()
+        self._device_sync()  # calls that ran ahead are forgotten, not checked
         lay = self.heap.layout
         self.heap.region(lay.signal_pad, SIGNAL_PAD_BYTES + FLAGS_BYTES, torch.uint8).zero_()
         self.control.reset()
-        self.synchronize()
+        self._device_sync()
         dist.barrier(group=self.cpu_group)
 
     def close(self) -> None:
@@ -130,7 +136,7 @@ class Communicator:
             return
         self.closed = True
         try:
-            self.synchronize()
+            self._device_sync()  # no check of calls that ran ahead: peers may be gone
         except Exception:  # a broken device must not stop the rest of the cleanup
             pass
         if self._local is not None:
@@ -139,6 +145,7 @@ class Communicator:
         if self.backend == "cpu" and self.across is None:
             liveness.set_watch(None)
         self.plans.clear()
+        self.control.ahead.drains.clear()
         self._keep.clear()
         if self._world is not None and self._world.owns_pg and dist.is_initialized():
             dist.destroy_process_group()
