@@ -60,3 +60,49 @@ def test_symm_at_with_a_peer_outside_the_world_or_a_non_heap_pointer_raises_not_
     for r in res:
         assert "peer 5 is outside the world (ranks 0..1)" in r["peer"], r
         assert "outside the symmetric heap" in r["pointer"], r
+
+
+_JOIN = "import commlab; commlab.init(backend='cpu'); print('joined', flush=True)"
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_store_value_overwritten_by_a_client_without_the_key_makes_init_fail_clearly():
+    import datetime
+    import os
+    import subprocess
+    import sys
+
+    import torch.distributed as dist
+
+    port = _free_port()
+    # the store is served here, as torchrun's agent serves it; this test is also the
+    # stranger: a client with no credentials that overwrites rank 0's GPU flag
+    store = dist.TCPStore("127.0.0.1", port, None, is_master=True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=60))
+    env = dict(os.environ, COMMLAB_BACKEND="cpu", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(port), COMMLAB_WORLD_KEY="this world's secret",
+               TORCHELASTIC_USE_AGENT_STORE="true")
+
+    def rank(r: int) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-c", _JOIN], env=dict(env, RANK=str(r)),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    r0 = rank(0)
+    try:
+        store.wait(["commlab/1/gpu/0"])
+        store.set("commlab/1/gpu/0", "1")
+        r1 = rank(1)
+        out, err = r1.communicate(timeout=90)
+    finally:
+        r0.kill()
+        r0.communicate()
+    assert r1.returncode != 0 and "joined" not in out, (out, err)
+    assert "CommlabError" in err and "'gpu/0'" in err and "fails its HMAC check" in err, err
+    assert "COMMLAB_WORLD_KEY" in err, err

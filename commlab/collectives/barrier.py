@@ -11,6 +11,7 @@ import triton
 
 import commlab.language as cl
 from commlab.collectives._common import agree, comm_or_raise, traced
+from commlab.runtime.communicator import publishes_local_errors
 
 
 @triton.jit
@@ -18,6 +19,7 @@ def barrier_kernel(ctx):
     cl.barrier(ctx)  # program 0 of every rank meets
 
 
+@publishes_local_errors()
 def barrier() -> None:
     """Block until every rank has reached this barrier (host and device)."""
     comm = comm_or_raise()

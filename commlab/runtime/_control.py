@@ -88,6 +88,7 @@ class ControlBlock:
         self.seq = 0  # collectives entered by this rank
         self._lock = threading.Lock()  # held while a thread is inside agree()
         self._inside = ""  # that thread's name and op, for the refusal
+        self.entered = 0  # agree() calls begun: a local error before one is published
 
     @staticmethod
     def nbytes(world_size: int) -> int:
@@ -107,6 +108,7 @@ class ControlBlock:
     def agree(self, sig: Signature, raw: bytes | None = None) -> int:
         """Publish ``sig`` (``raw``: its encoding, when the caller cached it), wait for every
         rank, raise if any rank disagrees. Returns the sequence number."""
+        self.entered += 1
         if not self._lock.acquire(blocking=False):
             raise CommlabUsageError(
                 f"{sig.op} on rank {self.rank}: thread {threading.current_thread().name!r} "
@@ -191,7 +193,9 @@ class ControlBlock:
         if errors:
             groups: dict[str, list[int]] = {}
             for r, e in errors:
-                groups.setdefault(e, []).append(r)
+                groups.setdefault(e.removeprefix(f"{mine.op}: "), []).append(r)
+            if len(errors) == self.world_size and len(groups) == 1:  # nothing mismatched
+                raise CommlabUsageError(f"{mine.op}: {next(iter(groups))}")
             text = "; ".join(f"on {_ranks_str(rs)}: {e}" for e, rs in groups.items())
             raise RankMismatchError(f"{mine.op}: {text}")
         ops = {s.op for s in sigs}
