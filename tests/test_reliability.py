@@ -106,3 +106,36 @@ def test_a_store_value_overwritten_by_a_client_without_the_key_makes_init_fail_c
     assert r1.returncode != 0 and "joined" not in out, (out, err)
     assert "CommlabError" in err and "'gpu/0'" in err and "fails its HMAC check" in err, err
     assert "COMMLAB_WORLD_KEY" in err, err
+
+
+def test_200_idle_connections_to_the_debugger_relay_start_few_threads_and_a_rank_still_gets_in():
+    import hashlib
+    import hmac
+    import json
+    import socket
+    import threading
+
+    from commlab.engine._relay import HELLO_TIMEOUT, MAX_PENDING, Relay
+
+    before = threading.active_count()
+    relay = Relay()
+    idle = []
+    try:
+        for _ in range(200):
+            idle.append(socket.create_connection((relay.host, relay.port)))
+        time.sleep(0.5)
+        assert threading.active_count() - before <= MAX_PENDING + 1, threading.active_count()
+        time.sleep(HELLO_TIMEOUT + 0.5)  # the idle ones time out; they stay open on our side
+        rank = socket.create_connection((relay.host, relay.port), timeout=10)
+        f = rank.makefile("rb")
+        nonce = json.loads(f.readline())["nonce"]
+        mac = hmac.new(relay.token.encode(), nonce.encode(), hashlib.sha256).hexdigest()
+        rank.sendall(json.dumps({"rank": 1, "mac": mac}).encode() + b"\n")
+        rank.sendall(json.dumps({"out": "(Pdb) "}).encode() + b"\n")
+        assert relay.events.get(timeout=10) == ("out", 1, "(Pdb) ")
+        assert relay.rejected >= 100, relay.rejected  # closed on accept or at the timeout
+        rank.close()
+    finally:
+        for s in idle:
+            s.close()
+        relay.close()
