@@ -139,3 +139,43 @@ def test_200_idle_connections_to_the_debugger_relay_start_few_threads_and_a_rank
         for s in idle:
             s.close()
         relay.close()
+
+
+_KERNEL = """
+import json, time
+from commlab.engine._launch import launcher_pids
+from commlab.engine._world import World
+w = World(2, backend="cpu")
+w.start()
+print(json.dumps({"dir": w.stack_dir, "pids": launcher_pids(w.cluster),
+                  "id": w.cluster.cluster_id}), flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_sigkilled_notebook_kernel_leaves_no_process_no_stack_dir_no_connection_file():
+    import glob
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import tempfile
+
+    from tests.test_faults import assert_nothing_left
+
+    kernel = subprocess.Popen([sys.executable, "-c", _KERNEL], stdout=subprocess.PIPE,
+                              text=True, env=dict(os.environ, COMMLAB_BACKEND="cpu"))
+    try:
+        info = json.loads(kernel.stdout.readline())
+        assert os.path.isdir(info["dir"]) and info["pids"], info
+        assert glob.glob(os.path.join(info["dir"], "**", f"*{info['id']}*"), recursive=True)
+    finally:
+        os.kill(kernel.pid, signal.SIGKILL)
+        kernel.wait()
+    assert_nothing_left(info["pids"], wait=15)
+    assert not os.path.exists(info["dir"]), os.listdir(info["dir"])
+    home = os.path.expanduser("~/.ipython")
+    left = [p for d in (tempfile.gettempdir(), home)
+            for p in glob.glob(os.path.join(d, "**", f"*{info['id']}*"), recursive=True)]
+    assert not left, left
