@@ -109,39 +109,39 @@ class AuthenticatedStore(dist.Store):
             return value.encode()
         return bytes(value)
 
-    def set(self, key: str, value) -> None:  # type: ignore[override]
+    def set(self, key: str, value) -> None:
         v = self._bytes(value)
-        self._inner.set(key, self._mac(key, v) + v)
+        self._inner.set(key, self._mac(key, v) + v)  # type: ignore[arg-type]  # bytes work
 
-    def get(self, key: str) -> bytes:  # type: ignore[override]
+    def get(self, key: str) -> bytes:
         return self._open(key, self._inner.get(key))
 
-    def multi_set(self, keys, values) -> None:  # type: ignore[override]
+    def multi_set(self, keys, values) -> None:
         for k, v in zip(keys, values, strict=True):
             self.set(k, v)
 
-    def multi_get(self, keys) -> list[bytes]:  # type: ignore[override]
+    def multi_get(self, keys) -> list[bytes]:
         return [self.get(k) for k in keys]
 
-    def add(self, key: str, amount: int) -> int:  # type: ignore[override]
+    def add(self, key: str, amount: int) -> int:
         return self._inner.add(key, amount)  # counters: a stranger can only make init wait
 
-    def check(self, keys) -> bool:  # type: ignore[override]
+    def check(self, keys) -> bool:
         return self._inner.check(keys)
 
-    def wait(self, keys, timeout: timedelta | None = None) -> None:  # type: ignore[override]
+    def wait(self, keys, timeout: timedelta | None = None) -> None:
         if timeout is None:
             self._inner.wait(keys)
         else:
             self._inner.wait(keys, timeout)
 
-    def delete_key(self, key: str) -> bool:  # type: ignore[override]
+    def delete_key(self, key: str) -> bool:
         return self._inner.delete_key(key)
 
-    def num_keys(self) -> int:  # type: ignore[override]
+    def num_keys(self) -> int:
         return self._inner.num_keys()
 
-    def set_timeout(self, timeout: timedelta) -> None:  # type: ignore[override]
+    def set_timeout(self, timeout: timedelta) -> None:
         self._inner.set_timeout(timeout)
 
 

@@ -33,7 +33,7 @@ def local_error_text(fn: Callable, e: Exception) -> str:
     return text
 
 
-def published(current: Callable[[], Any]) -> Callable[[str | None], Callable[[F], F]]:
+def published(current: Callable[[], Any]) -> Callable[..., Callable[[F], F]]:
     """The decorator factory for one runtime: ``current()`` gives the open communicator or
     None (nothing to publish to before ``init``)."""
 
