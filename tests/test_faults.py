@@ -59,10 +59,16 @@ def test_fault_suite_section_holds_and_leaves_nothing_behind(suite, section):
     assert_checks(suite, section)
 
 
-def test_a_killed_rank_is_named_by_its_peer_and_leaves_no_process_or_segment(tmp_path):
+def test_a_rank_killed_inside_a_kernel_wait_is_named_within_seconds_and_leaves_nothing(tmp_path):
+    t0 = time.monotonic()
     with pytest.raises(WorldError) as ei:
         run_world(killed_rank_world, 2, kwargs={"note_dir": str(tmp_path)}, timeout=120,
                   env=ENV)
-    assert "rank(s) 1 died" in ei.value.failures[0], ei.value.failures
+    took = time.monotonic() - t0
+    f = ei.value.failures
+    assert "died" in f[1], f
+    # the survivor's kernel wait raised, naming the dead rank, long before COMMLAB_TIMEOUT
+    assert "CollectiveTimeoutError" in f[0] and "rank(s) 1 died" in f[0], f
+    assert took < 50, took
     pids = [int((tmp_path / f"rank{r}").read_text()) for r in range(2)]
     assert_nothing_left(pids)
