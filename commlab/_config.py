@@ -84,6 +84,10 @@ VARS: dict[str, Var] = {v.name: v for v in (
     Var("COMMLAB_INTERPRETER_FASTCALL", "1", _flag,
         "`0` turns off commlab's faster kernel launch under Triton's interpreter",
         "commlab._interpreter"),
+    Var("COMMLAB_WORLD_KEY", None, str,
+        "secret the ranks MAC the bootstrap store's values with (the same on every rank; "
+        "default: a per-user key in `~/.cache/commlab/world-key`, enough on one host)",
+        "commlab.runtime"),
     Var("COMMLAB_TORCH_BACKEND", None, str,
         "`commlab`: `commlab.init()` starts torch.distributed on the commlab backend (how a "
         "`%dist_start` world gets it)", "commlab.runtime"),

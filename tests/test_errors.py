@@ -31,6 +31,8 @@ SECTIONS = {
     "unknown_algorithm": "an unknown algorithm is refused with the known ones, the op named once",
     "op_none": "op=None is refused on every rank as an argument error (not KeyError)",
     "algorithm_none": "algorithm=None is refused on every rank as an argument error",
+    "unknown_keyword_on_one_rank": "an unknown keyword on one rank is raised on every rank",
+    "local_error_on_every_rank": "the same local error everywhere names the op once, no mismatch",
     "broadcast_src_out_of_range": "broadcast src outside 0..W-1 is refused",
     "heap_full": "heap full names requested and free bytes",
     "heap_full_on_one_rank": "a full heap on one rank is raised on every rank, in step",

@@ -33,6 +33,7 @@ from commlab.collectives._common import (
 )
 from commlab.collectives._host import Collective, run
 from commlab.collectives._launch import launch
+from commlab.runtime.communicator import publishes_local_errors
 
 
 @triton.jit
@@ -88,6 +89,7 @@ def all_gather_kernel(
     _sync.end_call(ctx, n)
 
 
+@publishes_local_errors()
 def all_gather(x: torch.Tensor, algorithm: str = "auto") -> torch.Tensor:
     """Gather ``x`` from every rank, concatenated along dim 0 (rank order).
 

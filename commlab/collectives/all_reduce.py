@@ -13,12 +13,14 @@ from commlab.collectives._host import Collective, run
 from commlab.collectives.one_shot_all_reduce import one_shot_all_reduce
 from commlab.collectives.ring_all_reduce import ring_all_reduce
 from commlab.collectives.two_shot_all_reduce import two_shot_all_reduce
+from commlab.runtime.communicator import publishes_local_errors
 
 _IMPLS = {"one_shot": one_shot_all_reduce, "two_shot": two_shot_all_reduce,
           "ring": ring_all_reduce}
 ALL_REDUCE = Collective("all_reduce", _IMPLS, params=("op",))
 
 
+@publishes_local_errors()
 def all_reduce(x: torch.Tensor, op: str = "sum", algorithm: str = "auto") -> torch.Tensor:
     """Return the reduction (``op``: "sum", "max", "min") of ``x`` over all ranks.
 

@@ -32,6 +32,7 @@ from commlab.collectives._common import (
 )
 from commlab.collectives._host import Collective, run
 from commlab.collectives._launch import launch
+from commlab.runtime.communicator import publishes_local_errors
 
 
 @triton.jit
@@ -90,6 +91,7 @@ def all_to_all_kernel(
     _sync.end_call(ctx, n)
 
 
+@publishes_local_errors()
 def all_to_all(x: torch.Tensor, algorithm: str = "auto") -> torch.Tensor:
     """Exchange chunks: dim 0 in ``world_size`` chunks, chunk j goes to rank j; the result
     holds, in rank order, the chunk each rank sent here. ``algorithm``: "direct" (SM

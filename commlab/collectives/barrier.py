@@ -12,6 +12,7 @@ import triton
 import commlab.collectives._across as _across
 import commlab.language as cl
 from commlab.collectives._common import agree, comm_or_raise, traced
+from commlab.runtime.communicator import publishes_local_errors
 
 
 @triton.jit
@@ -19,6 +20,7 @@ def barrier_kernel(ctx):
     cl.barrier(ctx)  # program 0 of every rank meets
 
 
+@publishes_local_errors()
 def barrier() -> None:
     """Block until every rank has reached this barrier (host and device)."""
     comm = comm_or_raise()

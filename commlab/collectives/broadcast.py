@@ -39,6 +39,7 @@ from commlab.collectives._common import (
 )
 from commlab.collectives._host import Collective, run
 from commlab.collectives._launch import launch
+from commlab.runtime.communicator import publishes_local_errors
 
 
 @triton.jit
@@ -87,6 +88,7 @@ def broadcast_kernel(
     _sync.end_call(ctx, n)
 
 
+@publishes_local_errors()
 def broadcast(x: torch.Tensor, src: int = 0, algorithm: str = "auto") -> torch.Tensor:
     """Return a copy of rank ``src``'s ``x`` on every rank (``x`` gives shape and dtype
     elsewhere and must match src's). ``algorithm``: "direct" (SM pushes), "copy_engine"

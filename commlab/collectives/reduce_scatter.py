@@ -33,6 +33,7 @@ from commlab.collectives._common import (
 )
 from commlab.collectives._host import Collective, run
 from commlab.collectives._launch import launch
+from commlab.runtime.communicator import publishes_local_errors
 
 
 @triton.jit
@@ -90,6 +91,7 @@ def reduce_scatter_kernel(
     _sync.end_call(ctx, n)
 
 
+@publishes_local_errors()
 def reduce_scatter(x: torch.Tensor, op: str = "sum") -> torch.Tensor:
     """Reduce ``x`` across ranks and return this rank's chunk of dim 0.
 

@@ -45,19 +45,23 @@ def quiet_logger(name: str) -> tuple[logging.Logger, QuietLog]:
     return log, handler
 
 
-def make_cluster(name: str):
+def make_cluster(name: str, world_dir: str):
     """An ipyparallel ``Cluster`` on 127.0.0.1 whose processes run ``_proc.py`` (the
-    controller must not import torch) and whose log stays out of the notebook."""
+    controller must not import torch) and whose log stays out of the notebook. Its profile
+    (the connection files, with the controller's key) lives in ``world_dir``, which every
+    process of the world removes when the kernel that started it dies."""
     import ipyparallel as ipp
     from traitlets.config import Config
 
     cfg = Config()
-    cfg.LocalControllerLauncher.controller_cmd = _PROC + ["controller"]
-    cfg.LocalEngineSetLauncher.engine_cmd = _PROC + ["engine"]
-    cfg.LocalEngineLauncher.engine_cmd = _PROC + ["engine"]
+    cleanup = ["--remove-when-orphaned", world_dir]
+    cfg.LocalControllerLauncher.controller_cmd = _PROC + ["controller", *cleanup]
+    cfg.LocalEngineSetLauncher.engine_cmd = _PROC + ["engine", *cleanup]
+    cfg.LocalEngineLauncher.engine_cmd = _PROC + ["engine", *cleanup]
     log, handler = quiet_logger(name)
     cluster = ipp.Cluster(config=cfg, n=0, controller_ip="127.0.0.1",
-                          engines=_engine_set_launcher(), log=log, log_level=logging.INFO,
+                          engines=_engine_set_launcher(), log=log,
+                          profile_dir=os.path.join(world_dir, "ipython"), log_level=logging.INFO,
                           shutdown_atexit=True)
     return cluster, handler
 

@@ -1,9 +1,11 @@
 """The client end of the rank debugger (see ``commlab.engine._debugger``).
 
 A thread accepts connections on 127.0.0.1, checks each one's HMAC over a fresh nonce,
-and turns JSON lines into events on a queue. The cell's wait loop (on the notebook's
-main thread) takes the events, prints Pdb's output labelled by rank and asks the user
-through the notebook's own ``input()``.
+and turns JSON lines into events on a queue. Cheap to probe: at most ``MAX_PENDING``
+connections wait for their handshake at once (more are closed on accept), each for
+``HELLO_TIMEOUT`` seconds, so idle strangers cost a few threads, not one each.
+The cell's wait loop (on the notebook's main thread) takes the events, prints Pdb's
+output labelled by rank and asks the user through the notebook's own ``input()``.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import socket
 import threading
 
 MAX_LINE = 1 << 20
+MAX_PENDING = 8  # handshakes in progress at once; a rank's handshake takes milliseconds
+HELLO_TIMEOUT = 2.0  # seconds a connection may take to prove it knows the token
 
 
 class Relay:
@@ -30,6 +34,7 @@ class Relay:
         self.conns: dict[int, socket.socket] = {}
         self.active: set[int] = set()  # ranks with an open debugger session
         self.rejected = 0
+        self._pending = 0  # connections not yet authenticated
         self._lock = threading.Lock()
         self._closed = False
         threading.Thread(target=self._accept, daemon=True, name="commlab-pdb-relay").start()
@@ -44,20 +49,31 @@ class Relay:
                 conn, _ = self.server.accept()
             except OSError:
                 return
+            with self._lock:
+                full = self._pending >= MAX_PENDING
+                self._pending += not full
+            if full:
+                self.rejected += 1
+                conn.close()
+                continue
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
         rfile = conn.makefile("rb")
         rank = None
+        pending = True
         try:
             nonce = secrets.token_hex(16)
+            conn.settimeout(HELLO_TIMEOUT)
             conn.sendall(json.dumps({"nonce": nonce}).encode() + b"\n")
-            conn.settimeout(10)
-            hello = json.loads(rfile.readline(MAX_LINE) or b"{}")
+            hello = json.loads(rfile.readline(4096) or b"{}")
             want = hmac.new(self.token.encode(), nonce.encode(), hashlib.sha256).hexdigest()
             if not hmac.compare_digest(str(hello.get("mac", "")), want):
                 self.rejected += 1
                 return
+            with self._lock:
+                self._pending -= 1
+                pending = False
             conn.settimeout(None)
             rank = int(hello["rank"])
             with self._lock:
@@ -75,9 +91,11 @@ class Relay:
                 elif msg.get("end"):
                     self.events.put(("end", rank, bool(msg.get("quit"))))
                     break
-        except (OSError, ValueError, KeyError):
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):  # a stranger
             pass
         finally:
+            with self._lock:
+                self._pending -= pending
             if rank is not None:
                 with self._lock:
                     self.conns.pop(rank, None)

@@ -84,14 +84,16 @@ class World:
         """Start the controller and the engines, then join them; ``progress(done, total,
         what)`` is called as each step ends (total = n + 2: controller, engines, join)."""
         self.relay = Relay()
-        self.stack_dir = tempfile.mkdtemp(prefix="commlab-stacks-")
+        # the world's private directory: stack dumps and ipyparallel's connection files
+        self.stack_dir = tempfile.mkdtemp(prefix="commlab-world-")
         env = {"PYTHONUNBUFFERED": "1"}
         if self.requested_backend == "cpu":
             env["COMMLAB_BACKEND"] = "cpu"
         if self.requested_backend != "cuda":
             env.setdefault("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
         self._engine_env = env
-        self.cluster, self._log = make_cluster(os.path.basename(self.stack_dir))
+        self.cluster, self._log = make_cluster(os.path.basename(self.stack_dir),
+                                                self.stack_dir)
         self._progress = progress or (lambda done, total, what: None)
         atexit.register(self.stop)
         try:

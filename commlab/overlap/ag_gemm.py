@@ -41,6 +41,7 @@ from commlab.collectives._common import comm_or_raise, launch_for
 from commlab.overlap import _args, _buffers, _launch, _operands, _timeline
 from commlab.overlap._dispatch import run
 from commlab.overlap._tiles import grouped_tile, mma, stamp, store_tile, tail_combine, tail_part
+from commlab.runtime.communicator import publishes_local_errors
 
 
 @triton.jit
@@ -239,6 +240,7 @@ def _sequential(comm, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return all_gather(a) @ b
 
 
+@publishes_local_errors()
 def ag_gemm(a: torch.Tensor, b: torch.Tensor, *, algorithm: str = "auto") -> torch.Tensor:
     """``all_gather(a) @ b``: a is this rank's row shard [M/W, K], b is [K, N]; returns
     [M, N] (rows in rank order). Collective: every rank calls it with equal shapes.

@@ -59,6 +59,7 @@ from commlab.collectives._common import comm_or_raise
 from commlab.overlap import _args, _buffers, _launch, _operands, _timeline
 from commlab.overlap._dispatch import run
 from commlab.overlap._tiles import grouped_tile, mma, stamp, store_tile, tail_combine, tail_part
+from commlab.runtime.communicator import publishes_local_errors
 
 
 @triton.jit
@@ -307,6 +308,7 @@ def _sequential(comm, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return reduce_scatter(a @ b)
 
 
+@publishes_local_errors()
 def gemm_rs(a: torch.Tensor, b: torch.Tensor, *, algorithm: str = "auto") -> torch.Tensor:
     """``reduce_scatter(a @ b)``: a [M, K_local], b [K_local, N] (this rank's share of
     K); returns this rank's row chunk [M/W, N] of the sum over ranks. Collective.

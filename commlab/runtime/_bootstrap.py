@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from commlab import _config
 from commlab.errors import BackendUnavailableError, CommlabUsageError
+from commlab.runtime import _auth
 
 
 @dataclass
@@ -114,6 +115,8 @@ def bootstrap(backend: str, timeout_s: float) -> World:
         store = _STORES[key]
     _GENERATIONS[key] = generation = _GENERATIONS.get(key, 0) + 1 if key else 1
     store = dist.PrefixStore(f"commlab/{generation}", store)
+    if key is not None:  # a TCPStore others may reach: trust only MACed values
+        store = _auth.authenticated(store, f"commlab/{generation}")
 
     chosen = _agree_backend(store, rank, world_size, local_rank, backend)
     if chosen == "cuda":

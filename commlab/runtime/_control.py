@@ -102,6 +102,7 @@ class ControlBlock:
         self._inside: tuple = (None, "")  # that thread and op, for the refusal
         self.peers = [r for r in range(world_size) if r != rank]
         self.ahead = Ahead(self, _config.get("COMMLAB_AGREE_AHEAD"))
+        self.entered = 0  # agree() calls begun: a local error before one is published
 
     @staticmethod
     def nbytes(world_size: int) -> int:
@@ -146,6 +147,7 @@ class ControlBlock:
 
         ``ahead``: the caller holds a cached plan for ``raw``; the call may then return
         without waiting and be checked later (``commlab.runtime._ahead`` says when)."""
+        self.entered += 1
         if not self._lock.acquire(blocking=False):
             inside, op = self._inside
             raise CommlabUsageError(
@@ -260,7 +262,9 @@ class ControlBlock:
         if errors:
             groups: dict[str, list[int]] = {}
             for r, e in errors:
-                groups.setdefault(e, []).append(r)
+                groups.setdefault(e.removeprefix(f"{mine.op}: "), []).append(r)
+            if len(errors) == self.world_size and len(groups) == 1:  # nothing mismatched
+                raise CommlabUsageError(f"{mine.op}: {next(iter(groups))}")
             text = "; ".join(f"on {_ranks_str(rs)}: {e}" for e, rs in groups.items())
             raise RankMismatchError(f"{mine.op}: {text}")
         ops = {s.op for s in sigs}

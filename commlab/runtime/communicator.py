@@ -18,9 +18,8 @@ from commlab._interpreter import bounds, liveness
 from commlab.errors import (
     CommlabUsageError,
     HeapFullError,
-    RankMismatchError,
 )
-from commlab.runtime import _shm
+from commlab.runtime import _publish, _shm
 from commlab.runtime._bootstrap import World, bootstrap
 from commlab.runtime._control import ControlBlock, Signature
 from commlab.runtime._cross import HostsAgreement
@@ -364,6 +363,8 @@ def current_communicator() -> Communicator | None:
     return _COMM if _COMM is not None and not _COMM.closed else None
 
 
+publishes_local_errors = _publish.published(current_communicator)
+
 def get_communicator() -> Communicator:
     """This process's open communicator; raises CommlabUsageError before ``init``."""
     if _COMM is None or _COMM.closed:
@@ -383,6 +384,7 @@ def finalize() -> None:
 atexit.register(finalize)
 
 
+@publishes_local_errors()
 def symmetric_empty(shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """A tensor in the symmetric heap: the same offset on every rank, so kernels can reach
     a peer's copy with ``cl.symm_at``. Collective: every rank allocates in the same order.
@@ -405,7 +407,7 @@ def symmetric_empty(shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
             "symmetric_empty", {"shape": shape, "dtype": dname, "heap offset": off}, err))
         assert t is not None  # a full heap on this rank (t None) published err: agree raised
         return t
-    except RankMismatchError as e:
+    except CommlabUsageError as e:  # a mismatch, or the same error on every rank
         del t  # a failed allocation keeps no block, even while its traceback lives
         if err:
             raise HeapFullError(str(e)) from None
@@ -432,6 +434,7 @@ def symmetric_empty(shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     return t
 
 
+@publishes_local_errors("symmetric_empty")  # its first agreement is symmetric_empty's
 def symmetric_zeros(shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Like symmetric_empty, filled with zeros (every rank's zeros are written on return:
     each rank zeroes its copy, waits for its device, then meets the others)."""

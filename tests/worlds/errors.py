@@ -13,10 +13,10 @@ from tests.worlds._checks import Checks
 
 
 def _expect(checks: Checks, name: str, call, error: type, *needles: str,
-            once: str = "") -> None:
-    """Run ``call`` expecting ``error`` whose message holds every needle (and ``once``
-    exactly once); no collective span may be recorded (nothing launched); then a correct
-    all_reduce must work."""
+            once: str = "", not_a: type | None = None) -> None:
+    """Run ``call`` expecting ``error`` (not ``not_a``) whose message holds every needle (and
+    ``once`` exactly once); no collective span may be recorded (nothing launched); then a
+    correct all_reduce must work."""
     world = commlab.get_communicator().world_size
     with checks.case(name, "raises"):
         commlab.trace.start()
@@ -24,6 +24,7 @@ def _expect(checks: Checks, name: str, call, error: type, *needles: str,
             call()
         except error as e:
             msg = str(e)
+            assert not_a is None or not isinstance(e, not_a), f"{type(e).__name__}: {msg}"
             missing = [n for n in needles if n not in msg]
             assert not missing, f"message lacks {missing}: {msg!r}"
             if once:
@@ -84,12 +85,23 @@ def errors_world(comm) -> dict:
             commlab.CommlabUsageError, "'ring'", "'copy_engine'", once="all_gather")
     for op in ("all_reduce", "reduce_scatter"):
         _expect(checks, "op_none", lambda op=op: getattr(commlab, op)(x, op=None),
-                commlab.CommlabUsageError, "op must be one of", "'sum'", "got None",
-                "ranks 0, 1, 2", once=op)
+                commlab.CommlabUsageError, f"{op}: op must be one of", "'sum'", "got None",
+                once=op, not_a=commlab.RankMismatchError)
     for op in ("all_reduce", "all_gather", "all_to_all", "broadcast"):
         _expect(checks, "algorithm_none", lambda op=op: getattr(commlab, op)(x, algorithm=None),
                 commlab.CommlabUsageError, "algorithm must be one of", "'auto'", "got None",
-                once=op)
+                once=op, not_a=commlab.RankMismatchError)
+    _expect(checks, "unknown_keyword_on_one_rank",
+            lambda: commlab.all_reduce(x, **({"opp": "max"} if rank == 1 else {})),
+            commlab.RankMismatchError, "all_reduce: on rank 1: TypeError:",
+            "unexpected keyword argument 'opp'", "the signature is all_reduce(x")
+    _expect(checks, "unknown_keyword_on_one_rank",
+            lambda: commlab.symmetric_zeros((4,), **({"dtyp": 1} if rank == 0 else {})),
+            commlab.RankMismatchError, "on rank 0: TypeError:", "'dtyp'")
+    _expect(checks, "local_error_on_every_rank",
+            lambda: commlab.all_gather(x, algorthm="ring"),
+            commlab.CommlabUsageError, "all_gather: TypeError:", "'algorthm'",
+            once="all_gather:", not_a=commlab.RankMismatchError)
     for src in (world, -1):
         _expect(checks, "broadcast_src_out_of_range",
                 lambda src=src: commlab.broadcast(x, src=src),

@@ -1,0 +1,66 @@
+"""Local errors before the agreement, published through it.
+
+A collective that raises on one rank before that rank reaches its agreement (an unknown
+keyword, a bad shape argument, any exception of its own checks) would leave the other
+ranks waiting in the agreement, then tell them "ranks called different collectives",
+one call out of step. Wrapped with ``publishes_local_errors``, such an error is published
+as that rank's local error instead: every rank raises the same clear error in the same
+agreement, and the next call works. An error raised inside or after the agreement (a
+mismatch, a timeout, a second thread) is raised as it is.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from commlab.errors import CommlabError
+from commlab.runtime._control import Signature
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def local_error_text(fn: Callable, e: Exception) -> str:
+    """What a rank publishes for ``e`` raised by its call of ``fn``: the message, and for
+    a call that does not fit the signature, the signature."""
+    if isinstance(e, CommlabError):
+        return str(e)
+    text = f"{type(e).__name__}: {e}"
+    if isinstance(e, TypeError):
+        text += f"; the signature is {fn.__name__}{inspect.signature(fn)}"
+    return text
+
+
+def published(current: Callable[[], Any]) -> Callable[..., Callable[[F], F]]:
+    """The decorator factory for one runtime: ``current()`` gives the open communicator or
+    None (nothing to publish to before ``init``)."""
+
+    def publishes_local_errors(op: str | None = None) -> Callable[[F], F]:
+        def wrap(fn: F) -> F:
+            name = op or fn.__name__
+
+            @functools.wraps(fn)
+            def call(*args, **kwargs):
+                comm = current()
+                if comm is None:
+                    return fn(*args, **kwargs)
+                control = comm.control
+                entered = control.entered
+                try:
+                    return fn(*args, **kwargs)
+                except Exception as e:
+                    if control.entered != entered or comm.closed:
+                        raise  # the agreement raised it, or ran: every rank is in step
+                    try:
+                        control.agree(Signature(name, {}, local_error_text(fn, e)))
+                    except CommlabError as agreed:  # the same on every rank
+                        raise agreed from e
+                    raise AssertionError("a published local error always raises") from e
+
+            return call  # type: ignore[return-value]
+
+        return wrap
+
+    return publishes_local_errors
