@@ -70,15 +70,29 @@ class HostsAgreement:
     def timeout(self) -> float:
         return self.local.timeout
 
+    @property
+    def entered(self) -> int:
+        return self.local.entered
+
+    @property
+    def ahead(self):
+        """This host's run-ahead state; across hosts every call waits (the hosts' check
+        is a gloo exchange each call), so it only holds the drains plans register."""
+        return self.local.ahead
+
+    def settle(self) -> None:
+        self.local.settle()
+
     def reset(self) -> None:
         self.local.reset()
 
     def _host_name(self, h: int) -> str:
         return f"host {h} (ranks {', '.join(map(str, self.hosts[h]))})"
 
-    def agree(self, sig: Signature, raw: bytes | None = None) -> int:
+    def agree(self, sig: Signature, raw: bytes | None = None, *, ahead: bool = False) -> int:
         """Publish ``sig`` on this host, then compare with every host; raise on a
-        mismatch or an error anywhere, the same error on every rank."""
+        mismatch or an error anywhere, the same error on every rank. ``ahead`` is
+        ignored: across hosts every call waits."""
         if raw is None:
             raw = sig.encode()
         mine = self.hosts[self.host]
