@@ -144,8 +144,33 @@ class AuthenticatedStore(dist.Store):
     def set_timeout(self, timeout: timedelta) -> None:
         self._inner.set_timeout(timeout)
 
+    def compare_set(self, key: str, expected, desired) -> bytes:
+        exp, want = self._bytes(expected), self._bytes(desired)
+        # an empty expected value means "not set yet"; a MAC is deterministic, so a set
+        # value compares equal to its MACed form
+        got = self._inner.compare_set(key, self._mac(key, exp) + exp if exp else b"",
+                                      self._mac(key, want) + want)
+        return self._open(key, got) if got else got
+
+    def has_extended_api(self) -> bool:
+        return True  # multi_get / multi_set / compare_set above
+
+    def clone(self) -> AuthenticatedStore:
+        """A store of its own connection, MACed the same way."""
+        twin = AuthenticatedStore(self._inner.clone(), self._key, self._context.decode())
+        _KEEP.append(twin)
+        return twin
+
 
 def authenticated(store: dist.Store, context: str) -> dist.Store:
     """``store`` with every value MACed under this world's key; ``context`` (the store's
     prefix) is bound into every MAC, so a value cannot be moved to another generation."""
-    return AuthenticatedStore(store, world_key(), context)
+    wrapped = AuthenticatedStore(store, world_key(), context)
+    # torch keeps only the C++ half: once this Python object is gone, every later call
+    # from C++ (a group made after init, as across hosts) fails "Not implemented"
+    _KEEP.append(wrapped)
+    return wrapped
+
+
+_KEEP: list[AuthenticatedStore] = []
+
