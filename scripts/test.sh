@@ -16,6 +16,6 @@ export COMMLAB_BACKEND=cpu OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1
 python -m ruff check .   # lint (pyproject.toml [tool.ruff])
 python -m mypy           # types (pyproject.toml [tool.mypy])
 # Two workers, one file (one notebook) per worker at a time: most tests wait on spawned
-# ranks, JupyterLab or a timeout, so two share two cores well (COMMLAB_TEST_WORKERS=0: serial).
-python -m pytest -q -p no:cacheprovider --timeout=600 -n "${COMMLAB_TEST_WORKERS:-2}" --dist loadfile \
+# ranks, JupyterLab or a timeout, so two share two cores well (PYTEST_WORKERS=0: serial).
+python -m pytest -q -p no:cacheprovider --timeout=600 -n "${PYTEST_WORKERS:-2}" --dist loadfile \
   -m "not slow" tests notebooks --nbval-lax --durations=25 "$@"

@@ -148,8 +148,8 @@ class AuthenticatedStore(dist.Store):
         exp, want = self._bytes(expected), self._bytes(desired)
         # an empty expected value means "not set yet"; a MAC is deterministic, so a set
         # value compares equal to its MACed form
-        got = self._inner.compare_set(key, self._mac(key, exp) + exp if exp else b"",
-                                      self._mac(key, want) + want)
+        got = self._inner.compare_set(key, self._mac(key, exp) + exp if exp else b"",  # type: ignore[arg-type]  # bytes work
+                                      self._mac(key, want) + want)  # type: ignore[arg-type]
         return self._open(key, got) if got else got
 
     def has_extended_api(self) -> bool:
@@ -157,7 +157,8 @@ class AuthenticatedStore(dist.Store):
 
     def clone(self) -> AuthenticatedStore:
         """A store of its own connection, MACed the same way."""
-        twin = AuthenticatedStore(self._inner.clone(), self._key, self._context.decode())
+        inner = self._inner.clone()  # type: ignore[attr-defined]  # not in torch's stubs
+        twin = AuthenticatedStore(inner, self._key, self._context.decode())
         _KEEP.append(twin)
         return twin
 
