@@ -57,18 +57,16 @@ class LinkBenchView:
         self.heatmap.add_heatmap(z=[[0]], colorscale="Viridis", colorbar={"title": "GB/s"},
                                  texttemplate="%{text}", hovertemplate="rank %{y} reads rank "
                                  "%{x}: %{text}<extra></extra>")
-        self.heatmap.update_layout(height=400, width=400, margin={"t": 40, "l": 60, "r": 10,
+        self.heatmap.update_layout(height=400, margin={"t": 40, "l": 80, "r": 10,
                                    "b": 40}, yaxis={"autorange": "reversed", "title": "reader"},
                                    xaxis={"title": "source"})
         self.curve = go.Figure()
-        self.curve.update_layout(height=400, width=500, margin={"t": 40, "l": 60, "r": 10,
+        self.curve.update_layout(height=420, margin={"t": 40, "l": 60, "r": 10,
                                  "b": 40}, xaxis=byte_axis(result.sizes, "message size"),
                                  yaxis={"title": "bandwidth (GB/s)", "type": "log"})
+        # full output width, one above the other: the legend (long pair and peak names)
+        # beside the curve has room and is never clipped
         style_figure(self.curve, legend_title="reader←source")
-        # below the plot: beside it, long peak names would squash a 500 px figure
-        self.curve.update_layout(legend={"orientation": "h", "x": 0, "xanchor": "left",
-                                         "y": -0.45, "yanchor": "top"}, height=460,
-                                 margin={"b": 150})
         style_figure(self.heatmap)
         peak_src = html.escape(result.peak_source)
         self.note = W.HTML(f"<small>{html.escape(result.device)} · {result.backend} · "
@@ -79,7 +77,7 @@ class LinkBenchView:
         self.method.observe(lambda ch: self._draw(), names="value")
         self.size.observe(lambda ch: self._draw(), names="value")
         self.widget = W.VBox([W.HBox([self.method, self.size]),
-                              W.HBox([self.heatmap, self.curve]), self.note])
+                              self.heatmap, self.curve, self.note])
 
     def update(self, result: LinkBenchResult) -> None:
         """Show a new result (batched through the pump)."""
