@@ -167,7 +167,7 @@ def _mixed_call(i: int, gen: torch.Generator, world: int):
     return f"broadcast src={src}", lambda: commlab.broadcast(x, src=src), ref_broadcast
 
 
-def fault_suite_world(comm, calls: int = 160, seed: int = 17) -> dict:
+def fault_suite_world(comm, calls: int = 250, seed: int = 17) -> dict:
     """Bad inputs on one rank and on all, a rank stopped then continued, ``calls`` mixed
     collectives with random stragglers against gloo, allocation loops under GC pressure
     with rank-dependent Python work. Returns the checks and this rank's pid."""
