@@ -176,7 +176,10 @@ def describe_stack(rank: int, dump: str, cell_lines: list[str] | None = None,
     frames = list(reversed(_relevant_thread(parse_dump(dump))))  # oldest first
     start = next((i for i, (f, _, _) in enumerate(frames) if _CELL_FILE.search(f)), 0)
     frames = frames[start:]
-    outer = next(((f, fn) for f, _, fn in frames if _is_commlab(f)), None)
+    # the outermost commlab frame names the call, past the wrapper that publishes local
+    # errors (runtime/_publish.py: its frame is named "call")
+    outer = next(((f, fn) for f, _, fn in frames
+                  if _is_commlab(f) and not f.endswith("runtime/_publish.py")), None)
     inner = next(((f, fn) for f, _, fn in reversed(frames) if _is_commlab(f)), None)
     if outer is None:
         where = "not inside a commlab collective"
