@@ -93,7 +93,8 @@ def _sizes(op: str, W: int, out: torch.Tensor, inp: torch.Tensor, whole: str) ->
     if out.dtype != inp.dtype:
         return (f"{op}: output dtype {_dt(out.dtype)} differs from input dtype "
                 f"{_dt(inp.dtype)}; pass an output of the input's dtype")
-    (big, bn), (small, sn) = ((out, "output"), (inp, "input"))[::1 if whole == "output" else -1]
+    big, bn, small, sn = ((out, "output", inp, "input") if whole == "output"
+                          else (inp, "input", out, "output"))
     if big.numel() != W * small.numel():
         return (f"{op}: {bn} has {big.numel()} elements, but world size {W} x {sn} "
                 f"{small.numel()} = {W * small.numel()}; size the {bn} to match")
