@@ -1,5 +1,6 @@
-"""The "commlab" torch.distributed backend against gloo on worlds of 2, 3 and 4 CPU
-ranks (tests/worlds/torch_backend.py)."""
+"""The "commlab" torch.distributed backend against gloo on worlds of 2 and 3 CPU ranks
+(tests/worlds/torch_backend.py). Each training and custom-op check runs on one world
+size (3 where uneven splits matter); 4-rank worlds are covered by test_collectives."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import torch
 from tests.conftest import assert_checks
 from tests.worlds import torch_backend as tb
 
-WORLDS = [2, 3, 4]
+WORLDS = [2, 3]
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +91,7 @@ def _assert_same_results(ours, ref):
         assert b["comm_spans"] == []  # the reference ran on gloo only
 
 
-@pytest.mark.parametrize("world_size", [2, 4])
+@pytest.mark.parametrize("world_size", [2])
 def test_fsdp2_trains_on_commlab_as_on_gloo(world, seed, world_size):
     ours, ref = _both(world, tb.fsdp_world, world_size, seed)
     _assert_same_results(ours, ref)
@@ -98,7 +99,7 @@ def test_fsdp2_trains_on_commlab_as_on_gloo(world, seed, world_size):
         assert {"all_gather", "reduce_scatter"} <= set(r["comm_spans"]), r["comm_spans"]
 
 
-@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("world_size", [3])
 def test_dtensor_tensor_parallel_mlp_trains_on_commlab_as_on_gloo(world, seed, world_size):
     ours, ref = _both(world, tb.tp_world, world_size, seed)
     _assert_same_results(ours, ref)
@@ -113,7 +114,7 @@ def test_functional_collectives_run_on_commlab_inside_torch_compile(world, seed)
         assert res["ops"] == ["all_gather", "all_reduce", "reduce_scatter"], res["ops"]
 
 
-@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("world_size", [3])
 def test_custom_ops_ag_gemm_and_gemm_rs_match_gloo_math_with_grads_and_compile(
         world, seed, world_size):
     results = world(tb.custom_ops_world, world_size, seed, timeout=400)
