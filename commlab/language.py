@@ -123,12 +123,12 @@ def barrier(ctx):
         remote = symm_at(row + me, peer, ctx)
         while tl.atomic_cas(remote, 0, 1, sem="release", scope="sys") != 0:
             if INTERPRET:
-                _host_yield()
+                _host_yield(remote, 0)
     for i in range(1, world):
         peer = (me + i) % world
         while tl.atomic_cas(row + peer, 1, 0, sem="acquire", scope="sys") != 1:
             if INTERPRET:
-                _host_yield()
+                _host_yield(row + peer, 1)
     tl.debug_barrier()
 
 

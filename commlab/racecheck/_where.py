@@ -1,5 +1,5 @@
-"""Naming things in messages: the kernel line of an access, a symmetric byte range, the
-schedule's seed."""
+"""Naming things in messages: the kernel line of an access, a symmetric byte range, a
+flag, a program, the schedule's seed."""
 
 from __future__ import annotations
 
@@ -51,3 +51,25 @@ def schedule(chk) -> str:
         return ""
     return (f" Schedule: shuffle seed {chk.seed}; commlab.racecheck(shuffle=True, "
             f"seed={chk.seed}) runs the same program order again.")
+
+
+def program(idx):
+    """A program id as messages and graphs show it: x on a 1-D grid, else [x, y, z]."""
+    return idx[0] if idx[1] == 0 and idx[2] == 0 else list(idx)
+
+
+def flag(heap, off: int) -> str:
+    """The int32 flag at heap offset ``off``: its symmetric tensor and index, or the
+    reserved region and slot (barrier mailboxes live in the signal pad)."""
+    lay = heap.layout
+    if off >= lay.arena:
+        blk = heap.arena.block_at(off)
+        if blk is None:
+            return "no live tensor"
+        start, size = blk
+        return f"int32 [{(off - start) // 4}] of the symmetric tensor at {start:#x}, {size} B"
+    for name, start in (("scratch", lay.scratch), ("flags", lay.flags),
+                        ("signal pad", lay.signal_pad)):
+        if off >= start:
+            return f"{name} int32 [{(off - start) // 4}]"
+    return "reserved heap bytes"
