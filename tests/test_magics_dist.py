@@ -85,6 +85,13 @@ def test_racecheck_flag_runs_the_cell_under_racecheck_on_every_rank(ip):
     with pytest.raises(DistributedError, match="DataRaceError") as ei:
         cell(ip, RACY_CELL, "--racecheck")
     assert "stored to it" in "\n".join(ei.value._render_traceback_())
+    with pytest.raises(DistributedError, match="DataRaceError") as ei:
+        cell(ip, RACY_CELL, "--racecheck --shuffle --seed 5")
+    assert "shuffle seed 5" in "\n".join(ei.value._render_traceback_())
+    for bad, says in (("--seed 5", "add --racecheck"), ("--shuffle", "add --racecheck"),
+                      ("--racecheck --seed 5", "add --shuffle")):
+        with pytest.raises(UsageError, match=says):
+            cell(ip, RACY_CELL, bad)
     assert_world_works(ip)
 
 

@@ -2,7 +2,7 @@
 (``_graph``), for the hang report: with or without racecheck.
 
 CPU backend: the interpreter's registry of blocked waits (``_interpreter.blocked``).
-GPU: the wait records kernels write to pinned host memory (``commlab.runtime.waits``),
+GPU: the wait records kernels write to pinned host memory (``runtime.wait_records``),
 read with no CUDA call while the kernel spins. Each address is placed on the heap
 (whose rank, which offset) and named: the symmetric tensor and index, or a variable of
 ``names`` (a notebook's namespace) that holds it, e.g. ``flag[1]``.
@@ -74,7 +74,4 @@ def _name(names: dict | None, heap, off: int) -> str | None:
 
 
 def _device_records(comm) -> list[dict]:
-    recs = getattr(runtime, "waits", None)
-    if recs is None or comm.device.type == "cpu":
-        return []
-    return recs.read(comm)
+    return comm.waits_now() if comm.device.type != "cpu" else []

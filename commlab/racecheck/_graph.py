@@ -36,8 +36,8 @@ def _line(n: dict, could: list[int]) -> str:
     if n.get("kind") == "barrier":
         flag = flag.replace("flag", "barrier mailbox", 1)
     want = f"exactly {n['wants']}" if n.get("op") == "==" else f"{n['wants']}"
-    text = (f"{who(n)} at {n['where']} waits on {flag} for {want} and holds "
-            f"{n['holds']}")
+    held = n["holds"] if n.get("holds") is not None else "? (device memory)"
+    text = f"{who(n)} at {n['where']} waits on {flag} for {want} and holds {held}"
     if "last_notified_by" in n:
         last = n["last_notified_by"]
         text += f"; last notified by {'rank ' + str(last) if last is not None else 'no rank'}"
