@@ -37,6 +37,7 @@ import triton.language as tl  # noqa: E402
 import commlab  # noqa: E402
 import commlab.language as cl  # noqa: E402
 from commlab.racecheck import blocked_waits, wait_graph_text  # noqa: E402
+from commlab.runtime import wait_records  # noqa: E402
 
 PROGRAMS = 4
 
@@ -67,7 +68,7 @@ def check(comm) -> list[str]:
     done = torch.cuda.Event()
     stuck_kernel[(PROGRAMS,)](flag, comm.context)
     done.record()
-    recs = _until(lambda: (r := comm.waits_now()) and len(r) == PROGRAMS and r, 10.0)
+    recs = _until(lambda: (r := wait_records.now(comm)) and len(r) == PROGRAMS and r, 10.0)
     print("records while spinning:", recs)
     want = [(p, flag.data_ptr() + 4 * p, p + 1) for p in range(PROGRAMS)]
     got = sorted((r["program"], r["addr"], r["wants"]) for r in (recs or []))
@@ -93,7 +94,7 @@ def check(comm) -> list[str]:
     torch.cuda.synchronize()
     if flag[8:8 + PROGRAMS].tolist() != list(range(PROGRAMS)):
         bad.append(f"programs did not run past the wait: {flag[8:8 + PROGRAMS].tolist()}")
-    left = comm.waits_now()
+    left = wait_records.now(comm)
     if left:
         bad.append(f"records not cleared after the waits: {left}")
     x = torch.ones(1024, device=comm.device)

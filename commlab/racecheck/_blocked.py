@@ -17,6 +17,7 @@ import torch
 from commlab import runtime
 from commlab._interpreter import blocked
 from commlab.racecheck import _where
+from commlab.runtime import wait_records
 from commlab.runtime.heap import MAX_WORLD
 
 
@@ -74,4 +75,4 @@ def _name(names: dict | None, heap, off: int) -> str | None:
 
 
 def _device_records(comm) -> list[dict]:
-    return comm.waits_now() if comm.device.type != "cpu" else []
+    return wait_records.now(comm) if comm.device.type != "cpu" else []

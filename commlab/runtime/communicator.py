@@ -67,11 +67,6 @@ class Communicator:
     across: HostGroups | None = field(default=None, repr=False)  # across hosts only
     wait_records: torch.Tensor | None = field(default=None, repr=False)  # GPU: wait_records
 
-    def waits_now(self) -> list[dict]:
-        """What this rank's GPU kernels' programs wait for now, read from the wait
-        records (``commlab.runtime.wait_records``) with no CUDA call; [] on CPU."""
-        return wait_records.read(self.local.wait_records)
-
     @property
     def local(self) -> Communicator:
         """The Communicator of this host's ranks (``self`` in a one-host world)."""

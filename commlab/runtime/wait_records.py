@@ -6,8 +6,8 @@ value]``, one per program id. Pinned memory is mapped into the GPU's address spa
 unified addressing, so a kernel stores to it with plain (write-through) stores and the
 host reads it as ordinary memory, with no CUDA call, even while the kernel spins.
 ``cl.wait(ptr, value, ctx)`` writes the value, then the address, once its first look at
-the flag fails, and clears the address when the wait is satisfied; ``read`` takes a
-slot whose address reads the same before and after its value (not torn). Its address
+the flag fails, and clears the address when the wait is satisfied; ``read`` (``now(comm)``)
+takes a slot whose address reads the same before and after its value (not torn). Its address
 sits at the end of the context (``commlab.language``'s ``ctx`` layout); 0 on the CPU
 backend, whose waits the interpreter sees directly.
 """
@@ -27,6 +27,12 @@ def allocate(device: torch.device) -> tuple[torch.Tensor | None, int]:
         return None, 0
     buf = torch.zeros(2 * SLOTS, dtype=torch.int64, pin_memory=True)
     return buf, buf.data_ptr()
+
+
+def now(comm) -> list[dict]:
+    """What the programs of this rank's GPU kernels wait for now (``read`` of the
+    communicator's records; [] on CPU)."""
+    return read(comm.local.wait_records)
 
 
 def read(buf: torch.Tensor | None) -> list[dict]:
