@@ -25,7 +25,8 @@ def allocate(device: torch.device) -> tuple[torch.Tensor | None, int]:
     (None, 0 on CPU)."""
     if device.type != "cuda":
         return None, 0
-    buf = torch.zeros(2 * SLOTS, dtype=torch.int64, pin_memory=True)
+    with torch.cuda.device(device):  # the rank's own context, not device 0's
+        buf = torch.zeros(2 * SLOTS, dtype=torch.int64, pin_memory=True)
     return buf, buf.data_ptr()
 
 
