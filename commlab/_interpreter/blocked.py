@@ -16,6 +16,7 @@ import os
 import sys
 import threading
 import time
+from types import FrameType
 
 REGISTER_S = 0.05  # a wait polled this long is registered as blocked
 
@@ -30,7 +31,7 @@ _BLOCKED: dict = {}  # thread id -> the registered wait (a JSON-able dict)
 def kernel_line() -> str:
     """``file:LINE`` of the innermost frame that is kernel code (not Triton, not the
     device language's helpers, not commlab's checkers); the language's line if none."""
-    f = sys._getframe(1)
+    f: FrameType | None = sys._getframe(1)
     first = None
     while f is not None:
         name = f.f_code.co_filename

@@ -3,29 +3,13 @@ flag, a program, the schedule's seed."""
 
 from __future__ import annotations
 
-import os
-import sys
-from types import FrameType
-
-_HERE = os.path.dirname(os.path.abspath(__file__))
-_PKG = os.path.dirname(_HERE)
-_SKIP = (os.sep + "triton" + os.sep, os.sep + "numpy" + os.sep, _HERE + os.sep,
-         os.path.join(_PKG, "_interpreter") + os.sep, os.path.join(_PKG, "language.py"))
+from commlab._interpreter import blocked
 
 
 def kernel_line() -> str:
     """``file:LINE`` of the innermost frame that is kernel code (not Triton, not the
     device language's own helpers, not the checker)."""
-    f: FrameType | None = sys._getframe(2)
-    first = None
-    while f is not None:
-        name = f.f_code.co_filename
-        if not any(s in name for s in _SKIP) and not name.startswith("<frozen"):
-            return f"{os.path.basename(name)}:{f.f_lineno}"
-        if first is None and name.endswith("language.py"):
-            first = f"{os.path.basename(name)}:{f.f_lineno}"
-        f = f.f_back
-    return first or "line ?"
+    return blocked.kernel_line()
 
 
 def region(heap, owner: int, lo: int, hi: int) -> str:
