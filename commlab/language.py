@@ -11,8 +11,8 @@
         cl.barrier(ctx)                                       # blockwise, all ranks
 
 ``ctx`` is ``comm.context``: an int64 tensor ``[rank, world, signal_pad, flags,
-base_0 … base_{W-1}]`` where ``base_r`` is rank r's heap base *as mapped in this
-process*. ``symm_at`` moves a pointer by ``base_peer − base_me``, so it works for any
+base_0 … base_{W-1}, wait_records]`` where ``base_r`` is rank r's heap base *as mapped
+in this process* and ``wait_records`` the address of the wait records (GPU; 0 on CPU). ``symm_at`` moves a pointer by ``base_peer − base_me``, so it works for any
 pointer into the symmetric heap, scalar or block, on both backends.
 
 One source, two worlds: under Triton's interpreter (CPU backend) every spin loop yields
@@ -31,10 +31,12 @@ from commlab._interpreter.host import host_wait as _host_wait
 from commlab._interpreter.host import host_wait_begin as _host_wait_begin
 from commlab._interpreter.host import host_yield as _host_yield
 from commlab.runtime import heap as _heap
+from commlab.runtime import wait_records as _wait_records
 
 INTERPRET = tl.constexpr(_interpreter.interpreting())
 MAX_WORLD = tl.constexpr(_heap.MAX_WORLD)  # signal-pad row width, from the heap layout
 CTX_BASES = tl.constexpr(4)  # ctx[4 + r] = base of rank r's heap
+WAIT_SLOTS = tl.constexpr(_wait_records.SLOTS)  # programs with a wait record (GPU)
 
 
 # --- who am I ---------------------------------------------------------------------
@@ -84,15 +86,42 @@ def notify(ptr, peer, ctx, value, sig_op: tl.constexpr = "set"):
 
 
 @triton.jit
-def wait(ptr, value):
+def wait(ptr, value, ctx=None):
     """Spin until the int32 at local ``ptr`` is >= ``value`` (acquire, system scope):
-    what the signaller stored before notifying is visible after this returns."""
+    what the signaller stored before notifying is visible after this returns.
+
+    ``ctx`` (optional; commlab's own kernels pass it): on a GPU, a wait whose first look
+    fails records (flag address, value) in its program's slot of the wait records, host
+    memory the hang report reads while the kernel spins, and clears it when satisfied:
+    two stores before the spin, one after, none on a wait satisfied at once. On the CPU
+    backend every wait is seen by the host anyway (``commlab._interpreter.blocked``)."""
     if INTERPRET:
         _host_wait_begin(ptr, value)
-    while tl.atomic_add(ptr, 0, sem="acquire", scope="sys") < value:
-        if INTERPRET:
+        while tl.atomic_add(ptr, 0, sem="acquire", scope="sys") < value:
             _host_wait(ptr, value)
+    elif ctx is None:
+        while tl.atomic_add(ptr, 0, sem="acquire", scope="sys") < value:
+            pass
+    else:
+        if tl.atomic_add(ptr, 0, sem="acquire", scope="sys") < value:
+            slot, ok = _wait_slot(ctx)
+            tl.store(slot + 1, tl.cast(value, tl.int64), mask=ok, cache_modifier=".wt")
+            tl.store(slot, ptr.to(tl.int64, bitcast=True), mask=ok, cache_modifier=".wt")
+            while tl.atomic_add(ptr, 0, sem="acquire", scope="sys") < value:
+                pass
+            tl.store(slot, tl.cast(0, tl.int64), mask=ok, cache_modifier=".wt")
     tl.debug_barrier()  # no thread reads before the acquire completed
+
+
+@triton.jit
+def _wait_slot(ctx):
+    """This program's wait record (int64 [address, value]) and whether it has one: the
+    records' address is ctx[CTX_BASES + world] (0: none), one slot per program id."""
+    world = tl.load(ctx + 1)
+    recs = tl.load(ctx + CTX_BASES + world)
+    pid = _pid_flat()
+    slot = recs.to(tl.pointer_type(tl.int64)) + 2 * pid
+    return slot, (recs != 0) & (pid < WAIT_SLOTS)
 
 
 # --- barrier ----------------------------------------------------------------------
@@ -123,12 +152,12 @@ def barrier(ctx):
         remote = symm_at(row + me, peer, ctx)
         while tl.atomic_cas(remote, 0, 1, sem="release", scope="sys") != 0:
             if INTERPRET:
-                _host_yield()
+                _host_yield(remote, 0)
     for i in range(1, world):
         peer = (me + i) % world
         while tl.atomic_cas(row + peer, 1, 0, sem="acquire", scope="sys") != 1:
             if INTERPRET:
-                _host_yield()
+                _host_yield(row + peer, 1)
     tl.debug_barrier()
 
 

@@ -113,6 +113,12 @@ class DistMagics(Magics):
     @argument("--racecheck", action="store_true",
               help="run the cell under commlab.racecheck() on every rank: a data race in "
                    "a kernel raises DataRaceError naming both accesses")
+    @argument("--shuffle", action="store_true",
+              help="with --racecheck: start each launch's programs in an order drawn "
+                   "from --seed and switch between them at signals, waits and accesses")
+    @argument("--seed", type=int, default=None,
+              help="with --racecheck --shuffle: the schedule's seed (a report names the "
+                   "one that found it; the same seed replays it); default 0")
     @cell_magic
     @_usage
     def distributed(self, line, cell):
@@ -138,12 +144,19 @@ class DistMagics(Magics):
         from commlab.engine import DistributedError, HangError
 
         args = parse_argstring(self.distributed, line)
+        if (args.shuffle or args.seed is not None) and not args.racecheck:
+            raise UsageError(f"{'--shuffle' if args.shuffle else '--seed'} picks "
+                             f"racecheck's schedule: add --racecheck (e.g. %%distributed "
+                             f"--racecheck --shuffle --seed 3)")
+        if args.seed is not None and not args.shuffle:
+            raise UsageError(f"--seed {args.seed} seeds the shuffled schedule: add "
+                             f"--shuffle (plain --racecheck runs programs in launch order)")
         if args.racecheck:
             from commlab.racecheck import start, stop
 
             if args.ranks is not None:
                 raise UsageError("--racecheck runs on every rank: drop --ranks")
-            _world().apply(start)
+            _world().apply(start, shuffle=args.shuffle, seed=args.seed or 0)
         try:
             spans = _world().run_cell(cell, ranks=args.ranks, timeout=args.timeout,
                                       grace=args.grace, trace=args.trace)

@@ -85,6 +85,13 @@ def test_racecheck_flag_runs_the_cell_under_racecheck_on_every_rank(ip):
     with pytest.raises(DistributedError, match="DataRaceError") as ei:
         cell(ip, RACY_CELL, "--racecheck")
     assert "stored to it" in "\n".join(ei.value._render_traceback_())
+    with pytest.raises(DistributedError, match="DataRaceError") as ei:
+        cell(ip, RACY_CELL, "--racecheck --shuffle --seed 5")
+    assert "shuffle seed 5" in "\n".join(ei.value._render_traceback_())
+    for bad, says in (("--seed 5", "add --racecheck"), ("--shuffle", "add --racecheck"),
+                      ("--racecheck --seed 5", "add --shuffle")):
+        with pytest.raises(UsageError, match=says):
+            cell(ip, RACY_CELL, bad)
     assert_world_works(ip)
 
 
@@ -113,6 +120,38 @@ def test_collective_called_on_one_rank_is_reported_within_timeout_and_world_reco
     assert "rank 1 had finished the cell" in report
     assert "the world recovered" in report
     assert elapsed < 3 + 15, elapsed
+    assert_world_works(ip)
+
+
+WAIT_CELL = (
+    "import commlab.language as cl\n"
+    "@triton.jit\n"
+    "def stuck(flag, ctx):\n"
+    "    p = tl.program_id(0)\n"
+    "    if p == 0 or cl.rank(ctx) == 0:\n"
+    "        cl.wait(flag + p, 1)\n"                                      # line 6
+    "        cl.notify(flag + p, (cl.rank(ctx) + 1) % cl.num_ranks(ctx), ctx, 1)\n"
+    "flag = commlab.symmetric_zeros((4,), torch.int32)\n"
+    "commlab.barrier()\n"
+    "stuck[(2,)](flag, comm.context)\n")
+
+
+def test_hang_report_shows_the_wait_for_graph_of_kernels_blocked_in_cl_wait(ip):
+    # program 0 of both ranks waits for the other's notify (a cycle); rank 0's program 1
+    # waits on flag[1], which nobody sets
+    with pytest.raises(HangError) as ei:
+        cell(ip, WAIT_CELL, "--timeout 3")
+    report = ei.value.report
+    assert "Wait-for graph" in report, report
+    for r in (0, 1):
+        assert (f"rank {r} program 0 at " in report and
+                f"waits on rank {r}'s flag at heap offset" in report), report
+    assert "(flag[0]) for 1 and holds 0" in report
+    assert "rank 0 program 1 at " in report and "(flag[1]) for 1 and holds 0" in report
+    assert "rank 1 program 1" not in report
+    line = next(ln for ln in report.splitlines() if "rank 0 program 1 at" in ln)
+    assert ":6 waits" in line, line  # the cell's cl.wait line
+    assert "Cycle: rank 0 -> rank 1 -> rank 0" in report
     assert_world_works(ip)
 
 

@@ -75,6 +75,22 @@ def test_a_deadlock_raises_wait_timeout_with_the_wait_for_graph_and_the_world_re
         assert [(n["rank"], n["wants"], n["holds"]) for n in r["graph"]] == [(0, 1, 0), (1, 1, 0)]
 
 
+def test_the_wait_for_graph_names_each_blocked_program_and_its_own_flag(deadlocks):
+    for r in deadlocks:
+        g = r["per_program"]
+        assert g, "no WaitTimeoutError"
+        got = sorted((n["rank"], n["program"], n["flag_offset"] - g["graph"][0]["flag_offset"])
+                     for n in g["graph"])
+        assert got == [(0, 0, 0), (0, 1, 4), (1, 0, 0), (1, 1, 4)], g["graph"]
+        assert all(n["where"].startswith("racecheck.py:") and n["wants"] == 1
+                   and n["holds"] == 0 for n in g["graph"])
+        assert "rank 1 program 1 at racecheck.py:" in g["text"]
+        assert "int32 [1] of the symmetric tensor at" in g["text"]
+        assert "Cycle: rank 0 -> rank 1 -> rank 0 (rank 0 program 0 -> rank 1 program 0" \
+            in g["text"]
+        assert len(g["cycle_nodes"]) == 3 and g["cycle"] == [0, 1, 0]
+
+
 def test_a_wait_for_a_later_program_of_the_same_launch_ends_as_on_a_gpu(deadlocks):
     for r in deadlocks:
         assert r["later"] == "" and r["later_flag"] == 1, r["later"]

@@ -16,7 +16,7 @@ import time
 import numpy as np
 import triton
 
-from commlab._interpreter import liveness, programs
+from commlab._interpreter import blocked, liveness, programs
 from commlab._interpreter.choose import interpreting
 
 _WAITS = [None]  # the registered wait observer (racecheck), or None
@@ -34,6 +34,11 @@ def _scalar(h):
     return int(a.flat[0]) if a.size == 1 else None
 
 
+def _value(v):
+    h = getattr(v, "handle", None)
+    return _scalar(h if h is not None else getattr(v, "value", v))
+
+
 if interpreting():
 
     def host_wait_begin(ptr, value):
@@ -45,11 +50,16 @@ if interpreting():
                                                      else getattr(value, "value", value)))
     _spin = [0, 0.0]  # consecutive spins, time of the last one
 
-    def host_yield():
+    def host_yield(ptr=None, want=None):
         """Give the core to the ranks we wait for: after a short burst of sched_yield
-        the waiter sleeps, progressively longer, instead of spinning."""
+        the waiter sleeps, progressively longer, instead of spinning. ``ptr``/``want``:
+        the barrier mailbox polled and the value it must hold (for the hang report)."""
         if _WAITS[0] is not None:
             _WAITS[0]("poll", None, None)
+        if ptr is not None:
+            addr, val = _scalar(ptr.handle), _value(want)
+            if addr is not None and val is not None:
+                blocked.poll(addr, val, "==", "barrier", programs.current())
         if programs.blocked():  # other programs of this launch ran meanwhile: re-poll
             return
         now = time.perf_counter()
@@ -74,6 +84,7 @@ if interpreting():
         if addr.size != 1 or want.size != 1:
             return host_yield()
         cell, want = ctypes.c_int32.from_address(int(addr.flat[0])), int(want.flat[0])
+        blocked.poll(int(addr.flat[0]), want, ">=", "wait", programs.current())
         if cell.value >= want or programs.blocked((int(addr.flat[0]), want)):
             return  # there, or other programs of this launch ran meanwhile: re-poll
         give_up, spin = time.perf_counter() + 0.002, 0
@@ -93,7 +104,7 @@ else:
         pass
 
     @triton.jit
-    def host_yield():  # compiled: never reached (INTERPRET is False)
+    def host_yield(ptr, want):  # compiled: never reached (INTERPRET is False)
         pass
 
     @triton.jit

@@ -25,6 +25,7 @@ import time
 from collections import deque
 from typing import Any
 
+from commlab._interpreter import blocked as _blocked
 from commlab._interpreter import fastcall
 
 BLOCKED_S = 0.1  # a wait blocked this long, with programs still to start, goes cooperative
@@ -54,6 +55,15 @@ def blocked(key=None) -> bool:
     if s is None or (not s.pending and not s.parked):
         return False
     return s.blocked(key)
+
+
+def current():
+    """The running program's id (an int on a 1-D grid, else [x, y, z]), or None."""
+    r = getattr(_LOCAL, "runner", None)
+    idx = r.idx if r is not None else None
+    if idx is None:
+        return None
+    return idx[0] if idx[1] == 0 and idx[2] == 0 else list(idx)
 
 
 def point() -> None:
@@ -163,6 +173,8 @@ class _Schedule:
             except BaseException as e:  # noqa: BLE001 - re-raised by the launching thread
                 self.error = e
                 break
+            finally:
+                _blocked.forget()
             self.progress += 1
         me.idx = None
 

@@ -105,7 +105,7 @@ def ce_copy_out_kernel(
         for i in range(1, world):
             src = (me + i) % world
             if (SRC < 0) | (src == SRC):
-                cl.wait(state_ptr + FLAGS + src * MAXC + c, e)
+                cl.wait(state_ptr + FLAGS + src * MAXC + c, e, ctx)
                 slot = inbox_ptr + src.to(tl.int64) * CAP
                 dst = out_ptr + src.to(tl.int64) * OUT_STRIDE
                 for start in range(lo + pid * BLOCK, hi, nprog * BLOCK):

@@ -56,7 +56,7 @@ def signal(ctx, peer, value, bank=0):
 @triton.jit
 def wait_from(ctx, src, value, bank=0):
     """Acquire: returns once rank ``src``'s same program signalled ``value`` or more."""
-    cl.wait(_slot(ctx, src, bank), value)
+    cl.wait(_slot(ctx, src, bank), value, ctx)
 
 
 @triton.jit

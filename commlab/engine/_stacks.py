@@ -3,19 +3,28 @@ rank's dump watcher (``_worker._start_dump_watcher``) when the signal brings not
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
 import time
 
 
-def dump_stacks(world, ranks: list[int]) -> dict[int, str]:
-    """rank -> its all-threads stack dump text (empty when nothing came back in 3 s)."""
+def dump_stacks(world, ranks: list[int], waits: dict | None = None) -> dict[int, str]:
+    """rank -> its all-threads stack dump text (empty when nothing came back in 3 s).
+    ``waits``: filled with rank -> its kernels' blocked waits (``_worker.current_waits``),
+    which each rank's dump watcher writes next to its stack file."""
     paths = {}
     for ri in world.ranks:
         if ri.rank in ranks:
             paths[ri.rank] = os.path.join(world.stack_dir, f"engine-{ri.eid}.txt")
             with open(paths[ri.rank], "w"):
                 pass
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(paths[ri.rank] + ".waits.json")
+    if waits is not None:
+        for p in paths.values():
+            _poke(p + ".fifo", b"w")
     world.signal(ranks, signal.SIGUSR1)
     out: dict[int, str] = {}
     asked = False
@@ -32,16 +41,30 @@ def dump_stacks(world, ranks: list[int]) -> dict[int, str]:
                 out[r] = text
     for r, p in paths.items():
         out.setdefault(r, open(p).read())
+    if waits is not None:
+        _read_waits(paths, waits, t0 + 3.0)
     return out
 
 
-def _poke(fifo: str) -> None:
+def _read_waits(paths: dict[int, str], waits: dict, deadline: float) -> None:
+    while True:
+        for r, p in paths.items():
+            if r not in waits and os.path.exists(p + ".waits.json"):
+                with open(p + ".waits.json") as f:
+                    got = json.load(f)
+                waits[r] = got if isinstance(got, list) else []
+        if len(waits) == len(paths) or time.monotonic() > deadline:
+            return
+        time.sleep(0.05)
+
+
+def _poke(fifo: str, what: bytes = b"d") -> None:
     try:
         fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)  # ENXIO: no watcher reading
     except OSError:
         return
     try:
-        os.write(fd, b"d")
+        os.write(fd, what)
     except OSError:
         pass
     finally:

@@ -28,6 +28,7 @@ from commlab.engine._report import (
     ranks_str,
     strip_ansi,
 )
+from commlab.racecheck import wait_graph_text
 
 GRACE_S = _config.get("COMMLAB_HANG_GRACE")  # %%distributed --grace overrides
 INTERRUPT_WAIT_S = 5.0  # how long an interrupted rank may take before it is restarted
@@ -188,8 +189,11 @@ class CellRun:
         late = self.first_done is not None and now - self.first_done > self.grace
         if not (over or late):
             return
-        stacks = self.world.dump_stacks(sorted(running))
-        parts, whole, in_commlab = [], [], False
+        waits: dict[int, list] = {}
+        stacks = self.world.dump_stacks(sorted(running), waits)
+        graph = wait_graph_text([n for r in sorted(waits) for n in waits[r]],
+                                len(self.world.ranks))
+        parts, whole, in_commlab = [], [], bool(graph)
         for r in sorted(running):
             text, inside = describe_stack(r, stacks.get(r, ""), self.cell_lines)
             parts.append(text)
@@ -202,7 +206,7 @@ class CellRun:
         head = (f"--timeout {self.timeout:g} s passed" if over else
                 f"{ranks_str(done)} finished but {ranks_str(sorted(running))} stayed blocked "
                 f"for more than {self.grace:g} s")
-        report = [f"Hang: {head}.", *parts]
+        report = [f"Hang: {head}.", *parts, *([graph] if graph else [])]
         if done:
             report.append(f"{ranks_str(done)} had finished the cell: a collective called on "
                           f"only some ranks (e.g. under `if rank == 0:`) waits for the others "

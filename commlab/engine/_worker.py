@@ -8,6 +8,7 @@ engine already imported IPython (``_shell``): this module never imports it.
 from __future__ import annotations
 
 import faulthandler
+import json
 import os
 import signal
 import sys
@@ -76,11 +77,33 @@ def _start_dump_watcher(fifo: str) -> None:
     def watch() -> None:
         while True:
             with open(fifo, "rb", buffering=0) as f:  # blocks (GIL released) for a writer
-                while f.read(1):
+                while b := f.read(1):
+                    if b == b"w":  # the kernels' blocked waits, for the wait-for graph
+                        _write_waits(fifo[: -len(".fifo")] + ".waits.json")
+                        continue
                     faulthandler.dump_traceback(file=_STACK_FILE, all_threads=True)
                     _STACK_FILE.flush()
 
     threading.Thread(target=watch, name="commlab-stack-dump", daemon=True).start()
+
+
+def current_waits() -> list[dict]:
+    """This rank's kernels blocked in cl.wait/cl.barrier now (JSON-able dicts: program,
+    file:line, flag, wanted and held value), for the hang report's wait-for graph."""
+    from commlab.racecheck import blocked_waits
+
+    ip = _shell()
+    return blocked_waits(ip.user_ns if ip is not None else None)
+
+
+def _write_waits(path: str) -> None:
+    try:
+        data = json.dumps(current_waits())
+    except Exception as e:  # noqa: BLE001 - the report says why instead of the graph
+        data = json.dumps({"error": f"{type(e).__name__}: {e}"})
+    with open(path + ".tmp", "w") as f:
+        f.write(data)
+    os.replace(path + ".tmp", path)
 
 
 def _set_user_names(comm) -> None:

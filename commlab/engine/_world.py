@@ -306,10 +306,10 @@ class World:
                 except ProcessLookupError:
                     pass
 
-    def dump_stacks(self, ranks: list[int]) -> dict[int, str]:
+    def dump_stacks(self, ranks: list[int], waits: dict | None = None) -> dict[int, str]:
         """Each rank's Python stack (all threads), via faulthandler on SIGUSR1: works even
-        when the rank is blocked in C."""
-        return dump_stacks(self, ranks)
+        when the rank is blocked in C; ``waits`` gets each rank's blocked kernel waits."""
+        return dump_stacks(self, ranks, waits)
 
     def exit_code(self, pid: int) -> int | None:
         """The exit status of a dead engine (negative: killed by that signal)."""

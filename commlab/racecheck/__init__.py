@@ -14,7 +14,8 @@ threads, ``commlab._interpreter.programs``); ``shuffle=True`` varies their order
 interleaving from ``seed``, so order-dependent deadlocks and lost updates surface, and
 the seed in a report replays its schedule. Modules: ``_state`` (clocks, accesses,
 signals), ``_races`` (conflicts, messages), ``_waits`` (timeouts, graph), ``_clock``,
-``_log`` (shared logs), ``_where`` (names in messages).
+``_log`` (shared logs), ``_where`` (names in messages), ``_graph`` (the wait-for graph,
+also the hang report's), ``_blocked`` (this rank's blocked waits now, racecheck or not).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ import torch.distributed as dist
 from commlab import runtime
 from commlab._interpreter import choose, host, memory, observe, programs
 from commlab.errors import CommlabUsageError, DataRaceError, WaitTimeoutError
-from commlab.racecheck import _races, _where
+from commlab.racecheck import _graph, _races, _where
+from commlab.racecheck._blocked import blocked_waits
 from commlab.racecheck._log import Shared
 from commlab.racecheck._state import Checker
 from commlab.racecheck._waits import Waits
@@ -144,4 +146,16 @@ def stop() -> None:
 
 _OPEN: list = []
 
-__all__ = ["DataRaceError", "WaitTimeoutError", "racecheck", "start", "stop"]
+def wait_graph(nodes: list[dict], world: int) -> dict:
+    """The wait-for graph of blocked waits (``blocked_waits()`` of every rank, or a
+    WaitTimeoutError's ``graph``): lines, nodes, edges and any cycle."""
+    return _graph.build(nodes, world)
+
+
+def wait_graph_text(nodes: list[dict], world: int) -> str:
+    """The wait-for graph as the hang report shows it ("" when nothing is blocked)."""
+    return _graph.report(nodes, world)
+
+
+__all__ = ["DataRaceError", "WaitTimeoutError", "blocked_waits", "racecheck", "start", "stop",
+           "wait_graph", "wait_graph_text"]

@@ -189,12 +189,12 @@ class Checker:
         if acc.kind == "atomic_cas":
             cmp = int(np.asarray(acc.cmp.data).reshape(-1)[0])
             if was != cmp:  # a failed CAS: still waiting
-                return self._block(key, cmp, was)
+                return self._block(key, cmp, was, "==")
             threshold = was
         elif self.hint is not None and self.hint[0] == addr:
             threshold = self.hint[1]
             if was < threshold:
-                return self._block(key, threshold, was)
+                return self._block(key, threshold, was, ">=")
         else:
             threshold = was
         self.hint = None
@@ -202,12 +202,19 @@ class Checker:
         self.acquires[self.pid] = self.acquires.get(self.pid, 0) + 1
         _clock.join(self.cur, _clock.acquired([(v, c) for v, c, _ in hist], threshold))
 
-    def _block(self, key, want, have):
+    def _block(self, key, want, have, op):
         if self.waiting is None or self.waiting[0] != key:
-            self.waiting = (key, want, _where.kernel_line(), self.pid, have)
+            self.waiting = (key, want, _where.kernel_line(), self.pid, have, op)
             self.blocked_since = time.monotonic()
         else:
-            self.waiting = (*self.waiting[:4], have)
+            self.waiting = (*self.waiting[:4], have, op)
+
+    def blocked_programs(self) -> list:
+        """(program, file:line, flag key, wanted, held, op) of every program of the
+        running launch blocked in a wait: the running one and those switched out."""
+        out = [] if self.waiting is None else [self.waiting]
+        out += [w for _, w, _ in self.parked.values() if w is not None]
+        return [(w[3], w[2], w[0], w[1], w[4], w[5]) for w in out]
 
     def _read_sync(self):
         for rec in self.shared.sync.refresh():

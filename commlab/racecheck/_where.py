@@ -1,31 +1,15 @@
-"""Naming things in messages: the kernel line of an access, a symmetric byte range, the
-schedule's seed."""
+"""Naming things in messages: the kernel line of an access, a symmetric byte range, a
+flag, a program, the schedule's seed."""
 
 from __future__ import annotations
 
-import os
-import sys
-from types import FrameType
-
-_HERE = os.path.dirname(os.path.abspath(__file__))
-_PKG = os.path.dirname(_HERE)
-_SKIP = (os.sep + "triton" + os.sep, os.sep + "numpy" + os.sep, _HERE + os.sep,
-         os.path.join(_PKG, "_interpreter") + os.sep, os.path.join(_PKG, "language.py"))
+from commlab._interpreter import blocked
 
 
 def kernel_line() -> str:
     """``file:LINE`` of the innermost frame that is kernel code (not Triton, not the
     device language's own helpers, not the checker)."""
-    f: FrameType | None = sys._getframe(2)
-    first = None
-    while f is not None:
-        name = f.f_code.co_filename
-        if not any(s in name for s in _SKIP) and not name.startswith("<frozen"):
-            return f"{os.path.basename(name)}:{f.f_lineno}"
-        if first is None and name.endswith("language.py"):
-            first = f"{os.path.basename(name)}:{f.f_lineno}"
-        f = f.f_back
-    return first or "line ?"
+    return blocked.kernel_line()
 
 
 def region(heap, owner: int, lo: int, hi: int) -> str:
@@ -51,3 +35,25 @@ def schedule(chk) -> str:
         return ""
     return (f" Schedule: shuffle seed {chk.seed}; commlab.racecheck(shuffle=True, "
             f"seed={chk.seed}) runs the same program order again.")
+
+
+def program(idx):
+    """A program id as messages and graphs show it: x on a 1-D grid, else [x, y, z]."""
+    return idx[0] if idx[1] == 0 and idx[2] == 0 else list(idx)
+
+
+def flag(heap, off: int) -> str:
+    """The int32 flag at heap offset ``off``: its symmetric tensor and index, or the
+    reserved region and slot (barrier mailboxes live in the signal pad)."""
+    lay = heap.layout
+    if off >= lay.arena:
+        blk = heap.arena.block_at(off)
+        if blk is None:
+            return "no live tensor"
+        start, size = blk
+        return f"int32 [{(off - start) // 4}] of the symmetric tensor at {start:#x}, {size} B"
+    for name, start in (("scratch", lay.scratch), ("flags", lay.flags),
+                        ("signal pad", lay.signal_pad)):
+        if off >= start:
+            return f"{name} int32 [{(off - start) // 4}]"
+    return "reserved heap bytes"

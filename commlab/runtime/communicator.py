@@ -19,7 +19,7 @@ from commlab.errors import (
     CommlabUsageError,
     HeapFullError,
 )
-from commlab.runtime import _publish, _shm
+from commlab.runtime import _publish, _shm, wait_records
 from commlab.runtime._bootstrap import World, bootstrap
 from commlab.runtime._control import ControlBlock, Signature
 from commlab.runtime._cross import HostsAgreement
@@ -65,6 +65,7 @@ class Communicator:
     closed: bool = False
     _local: Communicator | None = field(default=None, repr=False)  # across hosts only
     across: HostGroups | None = field(default=None, repr=False)  # across hosts only
+    wait_records: torch.Tensor | None = field(default=None, repr=False)  # GPU: wait_records
 
     @property
     def local(self) -> Communicator:
@@ -209,13 +210,15 @@ def _one_host(world: World, layout: HeapLayout, timeout: float) -> Communicator:
         heap, control = _cpu_heap(world, layout, timeout, keep)
     else:
         heap, control = _cuda_heap(world, layout, timeout, keep)
+    records, records_addr = wait_records.allocate(world.device)
     ctx = torch.tensor(
         [world.rank, world.world_size, heap.bases[world.rank] + layout.signal_pad,
-         heap.bases[world.rank] + layout.flags] + heap.bases,
+         heap.bases[world.rank] + layout.flags] + heap.bases + [records_addr],
         dtype=torch.int64, device=world.device,
     )
     comm = Communicator(world.rank, world.world_size, world.backend, world.device, ctx, heap,
-                        control, world.group, world.cpu_group, world.local_rank, world, keep)
+                        control, world.group, world.cpu_group, world.local_rank, world, keep,
+                        wait_records=records)
     if world.backend == "cpu":
         bounds.set_heap_size(layout.size)
         liveness.set_watch(peer_watch(world, timeout, _exchange(world, os.getpid())))

@@ -79,6 +79,7 @@ def language_primitives_kernel(x_ptr, flag_ptr, out_ptr, ctx, BLOCK: tl.constexp
     cl.notify(flag_ptr, peer, ctx, 1, sig_op="set")
     cl.notify(flag_ptr + 1, peer, ctx, 1, sig_op="add")
     cl.wait(flag_ptr, 1)
+    cl.wait(flag_ptr + 1, 1, ctx)  # with a wait record (GPU)
     cl.barrier(ctx)
     tl.store(cl.flags(ctx) + tl.program_id(0), me)
     tl.store(out_ptr + offs, v)

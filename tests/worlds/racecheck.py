@@ -70,6 +70,15 @@ def deadlock_kernel(flag, ctx):
 
 
 @triton.jit
+def programs_deadlock_kernel(flag, ctx):
+    """Program p of every rank waits on flag[p] for a notify its peer's program p only
+    sends after its own wait: two blocked programs per rank, on different flags."""
+    p = tl.program_id(0)
+    cl.wait(flag + p, 1)
+    cl.notify(flag + p, (cl.rank(ctx) + 1) % cl.num_ranks(ctx), ctx, 1)
+
+
+@triton.jit
 def later_program_kernel(flag, ctx):
     """Program 0 waits for program 1 of the same launch (fine on a GPU)."""
     if tl.program_id(0) == 0:
@@ -153,8 +162,20 @@ def deadlock_world(comm) -> dict:
         later = str(e)
     comm.recover()
     ok = ok and bool(torch.equal(commlab.all_reduce(x), x * comm.world_size))
-    return {"text": text, "usable": ok, "later": later, "later_flag": int(flag[0]),
-            "graph": graph, "cycle": cycle}
+    later_flag = int(flag[0])
+    flag.zero_()
+    commlab.barrier()
+    per_program: dict = {}
+    try:
+        with commlab.racecheck(wait_timeout=1.0):
+            programs_deadlock_kernel[(2,)](flag, comm.context)
+    except commlab.WaitTimeoutError as e:
+        per_program = {"text": str(e), "graph": e.graph, "cycle": e.cycle,
+                       "cycle_nodes": e.cycle_nodes, "edges": e.edges}
+    comm.recover()
+    ok = ok and bool(torch.equal(commlab.all_reduce(x), x * comm.world_size))
+    return {"text": text, "usable": ok, "later": later, "later_flag": later_flag,
+            "graph": graph, "cycle": cycle, "per_program": per_program}
 
 
 def collectives_world(comm, repeats: int = 2) -> dict:
