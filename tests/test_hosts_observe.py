@@ -1,0 +1,96 @@
+"""Observe a world across hosts: torchrun on 2 simulated hosts x 2 ranks (tests/_hosts.py)
+calls only public names (tests/worlds/hosts_observe.py); one world for every check.
+
+Needs root (CI runs as root); skipped with the reason elsewhere.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from commlab import costmodel
+from commlab.topology import LinkBenchResult, Topology
+from tests import _hosts
+
+ROOT = Path(__file__).resolve().parent.parent
+HOSTS, PER_HOST = 2, 2
+FACTOR = 2.0  # the projection of the hierarchical all_reduce vs measured, either way
+
+
+@pytest.fixture(scope="module")
+def results():
+    why = _hosts.unavailable()
+    if why:
+        pytest.skip(why)
+    env = {"COMMLAB_BACKEND": "cpu", "OMP_NUM_THREADS": "1", "COMMLAB_TIMEOUT": "60",
+           "PYTHONPATH": str(ROOT)}
+    with tempfile.TemporaryDirectory() as out, _hosts.simulated_hosts(HOSTS) as hosts:
+        logs = [open(os.path.join(out, f"node{i}.log"), "w+") for i in range(HOSTS)]
+        procs = [h.popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", str(HOSTS),
+                          "--node-rank", str(i), "--nproc-per-node", str(PER_HOST),
+                          "--master-addr", hosts[0].addr, "--master-port", "29400",
+                          "--max-restarts", "0", "-m", "tests.worlds.hosts_observe", out],
+                         env=env, cwd=ROOT, stdout=logs[i], stderr=subprocess.STDOUT)
+                 for i, h in enumerate(hosts)]
+        deadline = time.monotonic() + 240
+        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        text = ""
+        for i, f in enumerate(logs):
+            f.seek(0)
+            text += f"--- host {i} (exit {procs[i].poll()}) ---\n{f.read()[-6000:]}\n"
+            f.close()
+        files = sorted(Path(out).glob("rank*.json"))
+        if len(files) != HOSTS * PER_HOST or any(p.poll() != 0 for p in procs):
+            pytest.fail(f"the observed world across hosts did not finish:\n{text}",
+                        pytrace=False)
+        return [json.loads(f.read_text()) for f in files]
+
+
+def test_world_topology_has_two_hosts_with_their_ranks_and_a_net_link(results):
+    topo = Topology.from_dict(results[0]["topology"])
+    assert all(r["topology"] == results[0]["topology"] for r in results)  # every rank's
+    hosts = topo.hosts()
+    assert sorted(hosts) == ["host0", "host1"]
+    assert {h: sorted(n for n in ids if n.startswith("rank")) for h, ids in hosts.items()} == \
+        {"host0": ["rank0", "rank1"], "host1": ["rank2", "rank3"]}
+    assert topo.node("host0").label == results[0]["hostname"] != topo.node("host1").label
+    net = topo.edge("nic0", "nic1")
+    assert net is not None and net.kind == "net"
+    assert "10.77." in net.attrs["interfaces"]  # each host's veth address
+    assert net.measured_gbps and net.measured_gbps > 0
+    assert topo.edge("rank0", "rank1").kind == "shm"
+    assert topo.edge("rank0", "rank2").attrs["via"] == "nic0-nic1"
+
+
+def test_linkbench_measures_cross_host_pairs_with_send_recv_and_labels_them(results):
+    res = LinkBenchResult.from_dict(results[0]["linkbench"])
+    assert res.hosts == [[0, 1], [2, 3]]
+    cross = res.cross_host
+    assert cross == results[0]["cross_host"]
+    assert [[cross[i][j] for j in range(4)] for i in range(4)] == \
+        [[i // 2 != j // 2 for j in range(4)] for i in range(4)]
+    assert "send/recv" in res.meta["cross_host_method"]
+    for m in res.methods:  # every pair measured (each checked before it was timed)
+        for si in range(len(res.sizes)):
+            assert all(v > 0 for row in res.gbps[m][si] for v in row), (m, si)
+    # one send/recv figure per cross pair, whatever the method
+    a, b = res.matrix("triton"), res.matrix("memcpy")
+    assert all(a[i][j] == b[i][j] for i in range(4) for j in range(4) if cross[i][j])
+    pct = res.percent_of_peak("memcpy")
+    assert all(pct[i][j] is None for i in range(4) for j in range(4) if cross[i][j])
+
+
+def test_hierarchical_projection_from_fitted_levels_is_within_a_factor_of_measured(results):
+    check = costmodel.check_hierarchical(results[0]["levels"])
+    assert [r["split"] for r in check["rows"]] == [False, False, True]
+    for r in check["rows"]:
+        assert 1 / FACTOR < r["ratio"] < FACTOR, (r, check["inside"], check["between"])
