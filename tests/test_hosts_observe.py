@@ -94,3 +94,29 @@ def test_hierarchical_projection_from_fitted_levels_is_within_a_factor_of_measur
     assert [r["split"] for r in check["rows"]] == [False, False, True]
     for r in check["rows"]:
         assert 1 / FACTOR < r["ratio"] < FACTOR, (r, check["inside"], check["between"])
+
+
+def _rows_across_hosts() -> list[dict]:
+    """Rows as ``linkbench.rank_run`` returns them on 2 hosts x 2 ranks (synthetic rates:
+    10 GB/s through a host's memory, 0.5 between hosts, 20 local)."""
+    def rate(i, j):
+        return 20.0 if i == j else 10.0 if i // 2 == j // 2 else 0.5
+    return [{"rank": i, "world_size": 4, "backend": "cpu", "device": "cpu", "sizes": [4096],
+             "methods": ["memcpy"], "hosts": [[0, 1], [2, 3]],
+             "gbps": {"memcpy": [[rate(i, j) for j in range(4)]]}} for i in range(4)]
+
+
+def test_linkbench_view_gives_pairs_between_hosts_their_own_scale_and_label():
+    from commlab.widgets import LinkBenchView
+    from commlab.widgets._linkbench import curves, heatmap_data
+
+    res = LinkBenchResult.from_rows(_rows_across_hosts())
+    d = heatmap_data(res, "memcpy")
+    assert d["z_cross"][0] == [None, None, 0.5, 0.5] and d["z_local"][0] == [20, 10, None, None]
+    assert d["zmax"] == 20 and d["zmax_cross"] == 0.5  # neither scale washes the other out
+    assert "between hosts" in d["text"][0][2] and "% of local copy" in d["text"][0][1]
+    assert d["x"][2] == "rank 2 · host 1"
+    assert [c["name"] for c in curves(res, "memcpy")][2] == "0←2 (between hosts)"
+    v = LinkBenchView(res)
+    assert len(v.heatmap.data) == 2 and v.heatmap.data[1].colorscale[0][1] != \
+        v.heatmap.data[0].colorscale[0][1]
