@@ -120,3 +120,39 @@ def test_linkbench_view_gives_pairs_between_hosts_their_own_scale_and_label():
     v = LinkBenchView(res)
     assert len(v.heatmap.data) == 2 and v.heatmap.data[1].colorscale[0][1] != \
         v.heatmap.data[0].colorscale[0][1]
+
+
+def test_seed_claim_table_sets_the_claim_beside_the_projection_with_its_assumptions():
+    two = costmodel.Fit("commlab:two_shot", "two_shot", 5.0, 300.0, 0.05, 0.1, 12)
+    got = costmodel.seed_claim(two)
+    m = costmodel.multi_node(128)
+    n = costmodel.implied_by_claim(12.3, 0.82, m)["bytes"]
+    assert got["bytes"] == pytest.approx(n) and 230 < n / 2**20 < 250
+    assert got["hierarchical_ms"] == pytest.approx(costmodel.hierarchical_us(two, m, n) / 1e3)
+    assert got["ring_ms"] == pytest.approx(costmodel.predict_us("nccl_ring", 5.0, 50.0, n, 1024)
+                                           / 1e3)
+    table = costmodel.claim_table(got)
+    for want in ("| 12.3 |", "| 18.7 |", "82%", "50 GB/s", "5 µs", "241 MiB", "1024 GPUs"):
+        assert want in table, want
+
+
+def test_check_hierarchical_recovers_the_levels_it_was_given():
+    """Records made from known alphas and betas: the fit finds them and the projection
+    equals hierarchical_us on that machine (ratio 1), on both sides of the split."""
+    a_in, b_in, a_x, b_x = 2000.0, 0.2, 500.0, 0.3
+    recs = []
+    for n in (4 << 10, 256 << 10, 2 << 20):
+        inside = costmodel.predict_us("two_shot", a_in, b_in, n, 2)
+        between = costmodel.predict_us("nccl_ring", a_x, b_x, n, 2)
+        shard = costmodel.predict_us("nccl_ring", a_x, b_x, n // 2, 2)
+        f = costmodel.Fit("inside", "two_shot", a_in, b_in, 0, 0, 3)
+        m = costmodel.Machine("2x2", 4, 2, inter_gbps=b_x, inter_alpha_us=a_x)
+        hier = costmodel.hierarchical_us(f, m, n, split=n > 1 << 20, latency="call")
+        recs += [{"impl": "inside", "bytes": n, "world_size": 2, "time_us": inside},
+                 {"impl": "between", "bytes": n, "world_size": 2, "time_us": between},
+                 {"impl": "between", "bytes": n // 2, "world_size": 2, "time_us": shard},
+                 {"impl": "commlab:hier", "bytes": n, "world_size": 4, "time_us": 1.1 * hier}]
+    got = costmodel.check_hierarchical(recs)
+    assert got["inside"]["alpha_us"] == pytest.approx(a_in)
+    assert got["between"]["beta_gbps"] == pytest.approx(b_x)
+    assert [r["ratio"] for r in got["rows"]] == pytest.approx([1 / 1.1] * 3)
