@@ -184,13 +184,15 @@ def _p2p_pair(comm, me: int, i: int, j: int, src, dst, n: int, iters: int) -> fl
     (median seconds, on the reader; the source returns 0)."""
     ask = torch.zeros(1, dtype=torch.int32, device=src.device)
 
+    g = comm.group  # commlab's gloo (CPU) / NCCL (GPU) world group, never its own backend
+
     def once():
         if me == i:
-            dist.send(ask, j)
-            dist.recv(dst[:n], j)
+            dist.send(ask, j, group=g)
+            dist.recv(dst[:n], j, group=g)
         else:
-            dist.recv(ask, i)
-            dist.send(src[:n], i)
+            dist.recv(ask, i, group=g)
+            dist.send(src[:n], i, group=g)
         if comm.backend == "cuda":
             torch.cuda.synchronize(comm.device)
 
