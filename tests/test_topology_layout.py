@@ -82,3 +82,17 @@ def test_node_markers_do_not_overlap(name):
             and abs(g.positions[a.id][0] - g.positions[b.id][0]) < (half[a.id] + half[b.id]) * ux
             and abs(g.positions[a.id][1] - g.positions[b.id][1]) < (half[a.id] + half[b.id]) * uy]
     assert hits == []
+
+
+def test_a_cuda_world_across_hosts_joins_each_hosts_discovered_topology():
+    infos = [{"rank": r, "world_size": 4, "backend": "cuda", "host": f"node{r // 2}",
+              "pid": r, "device": f"cuda:{r % 2}", "cpus": [], "hosts": [[0, 1], [2, 3]],
+              "local_rank": r % 2, "net": {"ifname": "ib0", "addr": f"10.1.0.{r // 2 + 1}"}}
+             for r in range(4)]
+    t = T.world_topology(infos, host=[T.sample("2xh200-nv18"), T.sample("2xh200-nv18")])
+    assert t.ranks == {0: "h0.gpu0", 1: "h0.gpu1", 2: "h1.gpu0", 3: "h1.gpu1"}
+    assert t.edge("h1.gpu0", "h1.gpu1").kind == "nvlink" and t.edge("nic0", "nic1").kind == "net"
+    assert sorted(t.hosts()) == ["host0", "host1"] and "h1.gpu1" in t.hosts()["host1"]
+    g = TopologyGraph(t)
+    assert g.kind == "hosts" and _through(g) == [] and g.crossings() == []
+    assert {(e.a, e.b) for e in g.edges} >= {("h0.gpu0", "h0.gpu1"), ("nic0", "nic1")}

@@ -16,6 +16,7 @@ import fcntl
 import os
 import socket
 import struct
+from dataclasses import replace
 
 import torch
 import torch.distributed as dist
@@ -81,12 +82,18 @@ def _cpulist(cpus: list[int]) -> str:
     return ",".join(out)
 
 
-def world_topology(infos: list[dict], bench=None, host: Topology | None = None) -> Topology:
-    """Build the world's topology from every rank's ``rank_info`` (rank order)."""
+def world_topology(infos: list[dict], bench=None, host=None) -> Topology:
+    """Build the world's topology from every rank's ``rank_info`` (rank order). On CUDA
+    ``host`` is the discovered topology of this host, or across hosts a list of each
+    host's (host order), which ``of_world`` gathers."""
     infos = sorted(infos, key=lambda d: d["rank"])
     w = len(infos)
+    hosts = infos[0].get("hosts", [])
+    if infos[0]["backend"] == "cuda" and len(hosts) > 1 and isinstance(host, list):
+        return _cuda_across(infos, host)
     if infos[0]["backend"] == "cuda":
-        return _cuda_world(infos, host)
+        return _cuda_world(infos, host if isinstance(host, Topology) else None)
+    host_of = {r: h for h, ranks in enumerate(hosts) for r in ranks}
     topo = Topology(name=f"{w} CPU ranks", description=(
         "CPU backend: each rank is a process; ranks reach each other through shared "
         "memory (the symmetric heap is one shm segment per rank, mapped by all)."),
@@ -99,7 +106,8 @@ def world_topology(infos: list[dict], bench=None, host: Topology | None = None) 
         topo.ranks[r] = f"rank{r}"
     for i in range(w):
         for j in range(i + 1, w):
-            same = infos[i]["host"] == infos[j]["host"]
+            same = (host_of[i] == host_of[j] if host_of  # probed, or COMMLAB_HOSTS split
+                    else infos[i]["host"] == infos[j]["host"])
             e = Edge(f"rank{i}", f"rank{j}", "shm" if same else "net", "SHM" if same else "NET",
                      source="same host: shared memory" if same else "different hosts")
             if bench is not None:
@@ -129,17 +137,18 @@ def _add_hosts(topo: Topology, infos: list[dict], bench) -> None:
     rank-to-rank net edges then say they go through them, ``attrs["via"]``)."""
     hosts = infos[0]["hosts"]
     host_of = {r: h for h, ranks in enumerate(hosts) for r in ranks}
-    topo.name = f"{len(infos)} CPU ranks on {len(hosts)} hosts"
+    topo.name = f"{len(infos)} {infos[0]['backend'].upper()} ranks on {len(hosts)} hosts"
     for h, ranks in enumerate(hosts):
         d = infos[ranks[0]]
         net = d.get("net") or {}
         topo.nodes.append(Node(f"host{h}", "host", d["host"],
                                {"hostname": d["host"], "ranks": list(ranks)}, "rank_info"))
         label = f"{net.get('ifname', 'net')} {net.get('addr', '')}".strip()
-        attrs = {"host_node": f"host{h}", **net}
+        attrs = {"host_node": f"host{h}", "interface": True, **net}  # the world's NIC
         topo.nodes.append(Node(f"nic{h}", "nic", label, attrs, f"rank {ranks[0]}'s interface"))
         for r in ranks:
-            topo.node(f"rank{r}").attrs["host_node"] = f"host{h}"
+            if r in topo.ranks:  # the rank's node (CPU) or its GPU (CUDA)
+                topo.node(topo.ranks[r]).attrs["host_node"] = f"host{h}"
     for e in topo.edges:
         if e.kind == "net":
             e.attrs["via"] = f"nic{host_of[int(e.a[4:])]}-nic{host_of[int(e.b[4:])]}"
@@ -170,18 +179,49 @@ def of_world(comm=None, bench: bool = True, sizes=None, iters: int | None = None
     comm = comm or get_communicator()
     infos: list = [None] * comm.world_size
     dist.all_gather_object(infos, rank_info(comm), group=comm.cpu_group)
+    host = None
+    if comm.backend == "cuda" and len(comm.hosts) > 1:  # each host's first rank discovers it
+        found: list = [None] * comm.world_size
+        mine = discover().to_dict() if comm.local.rank == 0 else None
+        dist.all_gather_object(found, mine, group=comm.cpu_group)
+        host = [Topology.from_dict(found[ranks[0]]) for ranks in comm.hosts]
     result = None
     if bench and comm.backend == "cpu":
         result = linkbench.run(comm, sizes or (1 << 20,), iters or 3, ("memcpy",))
-    return world_topology(infos, result)
+    return world_topology(infos, result, host)
 
 
 def _cuda_world(infos: list[dict], host: Topology | None) -> Topology:
     topo = host or discover()
-    by_bus = {n.attrs.get("pci_bus_id", "").lower()[-12:]: n.id for n in topo.nodes_of("gpu")}
+    by_bus = {n.attrs["pci_bus_id"].lower()[-12:]: n.id for n in topo.nodes_of("gpu")
+              if n.attrs.get("pci_bus_id")}  # a sample without bus ids maps by index
     for d in infos:
         gid = by_bus.get(d.get("pci_bus_id", "").lower()[-12:])
         if gid is None:  # ranks on another host, or no bus ids: fall back to device order
             gid = f"gpu{torch.device(d['device']).index or 0}"
         topo.ranks[d["rank"]] = gid
+    return topo
+
+
+def _cuda_across(infos: list[dict], topos: list[Topology]) -> Topology:
+    """Each host's discovered topology, its ids prefixed "h<host>.", its GPUs mapped to
+    its ranks by PCI bus id; then the host boxes, NICs and net edges."""
+    hosts = infos[0]["hosts"]
+    topo = Topology(name="", description=(
+        "CUDA ranks on several hosts: each host's topology as its first rank discovered "
+        "it; between hosts the network through each host's interface."),
+        sources=["commlab rank_info; each host's topology.discover()"])
+    for h, (ranks, t) in enumerate(zip(hosts, topos, strict=True)):
+        p = f"h{h}."
+        sub = _cuda_world([infos[r] for r in ranks], t)
+        for n in sub.nodes:
+            topo.nodes.append(replace(n, id=p + n.id, attrs={**n.attrs, "host_node": f"host{h}"}))
+        for e in sub.edges:
+            attrs = dict(e.attrs)
+            if attrs.get("via"):
+                attrs["via"] = p + str(attrs["via"])
+            topo.add_edge(replace(e, a=p + e.a, b=p + e.b, attrs=attrs))
+        topo.ranks.update({r: p + sub.ranks[r] for r in ranks})
+        topo.sources += [f"host {h}: {src}" for src in t.sources]
+    _add_hosts(topo, infos, None)
     return topo

@@ -139,10 +139,12 @@ def _hosts(t) -> dict[str, tuple[float, float]]:
         side = 1.0 if h < len(hosts) - 1 else -1.0
         xs = [pos[d][0] for d in devs] or [x0]
         for m in hosts[hid]:
-            if t.node(m).kind == "nic" and ring:
+            if not t.node(m).attrs.get("interface"):  # a discovered NIC: in the matrix
+                continue
+            if ring:
                 inset = (r + 2.0) / radius
                 pos[m] = (x0 * (1 - inset), y0 * (1 - inset))
-            elif t.node(m).kind == "nic":
+            else:
                 pos[m] = ((max(xs) + 1.3) if side > 0 else (min(xs) - 1.3), y0)
     return pos
 
