@@ -19,8 +19,8 @@ EDGE_COLOR = {"nvlink": "#76b900", "xgmi": "#ed1c24", "pcie": "#9d755d", "shm": 
               "smp": "#bab0ac", "net": "#72b7b2"}
 CLASS_COLOR = {"X": "#eeeeee", "PIX": "#fdd49e", "PXB": "#fdbb84", "PHB": "#fc8d59",
                "NODE": "#ef6548", "SYS": "#d7301f", "SHM": "#9ecae1", "NET": "#c6dbef"}
-EDGE_NAME = {"nvlink": "NVLink", "xgmi": "AMD xGMI", "pcie": "PCIe", "shm": "shared memory", "smp": "CPU socket link",
-             "net": "network"}
+EDGE_NAME = {"nvlink": "NVLink", "xgmi": "AMD xGMI", "pcie": "PCIe", "shm": "shared memory",
+             "smp": "CPU socket link", "net": "network"}
 HIGHLIGHT = "#ff7f0e"
 
 
