@@ -154,14 +154,18 @@ def project_us(f: Fit, machine: Machine, nbytes: float, model: str | None = None
     return predict_us(model, alpha, beta, nbytes, w)
 
 
-def hierarchical_us(f: Fit, machine: Machine, nbytes: float, split: bool = True) -> float:
+def hierarchical_us(f: Fit, machine: Machine, nbytes: float, split: bool = True,
+                    latency: str = "step") -> float:
     """Time of commlab's all_reduce across nodes (``collectives/_hier``): with ``split``
     (auto above 1 MiB) a reduce-scatter inside each node, a ring all-reduce of the 1/L
     shard between nodes (the L rings run at once, one per local index, each GPU on its
     own NIC at ``inter_gbps``), an all-gather inside; without, ``f``'s all-reduce inside,
     then the ring all-reduce of the whole message between nodes. Inside a node ``f``'s
-    alpha and beta hold (one half of two-shot each for the reduce-scatter and the
-    all-gather); between nodes the network's. Assumed, not measured on real nodes."""
+    alpha and beta hold; between nodes the network's. ``latency="step"``: ``f``'s alpha
+    is per step, so the reduce-scatter and the all-gather pay one half of two-shot's
+    latency each (compiled kernels in graphs); ``"call"``: it is the cost of a call, so
+    each pays ``f``'s whole latency (eager launches, Triton's interpreter). Assumed, not
+    measured on real nodes; ``check_hierarchical`` sets it beside simulated hosts."""
     L, H = machine.gpus_per_node, machine.nodes
     ring_steps, ring_moved = MODELS["nccl_ring"]
     inter = nbytes / L if split else nbytes
@@ -169,7 +173,8 @@ def hierarchical_us(f: Fit, machine: Machine, nbytes: float, split: bool = True)
                + ring_moved(inter, H) / (machine.inter_gbps * 1e3)) if H > 1 else 0.0
     if not split:
         return predict_us(f.model, f.alpha_us, f.beta_gbps, nbytes, L) + between
-    half = f.alpha_us + nbytes * (L - 1) / L / (f.beta_gbps * 1e3)  # RS or AG inside
+    fixed = f.alpha_us if latency == "step" else f.alpha_us * MODELS[f.model][0](L)
+    half = fixed + nbytes * (L - 1) / L / (f.beta_gbps * 1e3)  # RS or AG inside
     return 2 * half + between
 
 
@@ -190,6 +195,161 @@ def implied_by_claim(time_ms: float, utilization: float, machine: Machine) -> di
             / (machine.inter_gbps * 1e9) * 1e3}
 
 
+# --- the projection checked on a world across hosts ---------------------------------
+
+LEVEL_SIZES = (4 << 10, 256 << 10, 2 << 20)  # both sides of the 1 MiB split
+
+
+def measure_levels(comm=None, sizes=LEVEL_SIZES, reps: int = 3) -> list[dict]:
+    """Time, in a world across hosts, the hierarchical all_reduce (fp32) and its two
+    levels alone: ``inside`` (commlab's all_reduce on ``comm.local``) and ``between``
+    (torch.distributed all_reduce on the group of one local index, one rank per host),
+    the latter of the whole message and of the 1/L shard the split path sends. Each
+    call after a barrier, its time the slowest rank's, the median of ``reps``; the
+    hierarchical result is checked against gloo first. Collective; records as in
+    DESIGN.md, ``impl`` one of "commlab:hier", "inside", "between"."""
+    import statistics
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    import commlab
+    from commlab.runtime.communicator import get_communicator, using
+
+    comm = comm or get_communicator()
+    if comm.across is None:
+        raise ValueError("measure_levels: this world runs on one host; start ranks on two "
+                         "or more hosts (torchrun --nnodes 2)")
+    L, cross = comm.local.world_size, comm.across.cross_group
+
+    def timed(fn) -> float:
+        fn()  # warm-up (and the launch plan's first compile)
+        out = []
+        for _ in range(reps):
+            dist.barrier(group=comm.cpu_group)
+            t0 = time.perf_counter()
+            fn()
+            t = torch.tensor([time.perf_counter() - t0])
+            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=comm.cpu_group)
+            out.append(t.item() * 1e6)
+        return statistics.median(out)
+
+    def inside(x):
+        with using(comm.local):
+            commlab.all_reduce(x)
+
+    records = []
+    for nbytes in sizes:
+        x = torch.randn(nbytes // 4, generator=torch.Generator().manual_seed(comm.rank))
+        ref = x.clone()
+        dist.all_reduce(ref, group=comm.cpu_group)
+        torch.testing.assert_close(commlab.all_reduce(x), ref, rtol=1e-5, atol=1e-4)
+        shard = x[: -(-x.numel() // L)]
+        for impl, fn, world, n in (
+                ("commlab:hier", lambda x=x: commlab.all_reduce(x), comm.world_size, nbytes),
+                ("inside", lambda x=x: inside(x), L, nbytes),
+                ("between", lambda x=x: dist.all_reduce(x.clone(), group=cross),
+                 len(comm.hosts), nbytes),
+                ("between", lambda s=shard: dist.all_reduce(s.clone(), group=cross),
+                 len(comm.hosts), shard.numel() * 4)):
+            records.append({"op": "all_reduce", "impl": impl, "dtype": "float32", "bytes": n,
+                            "world_size": world, "time_us": timed(fn), "mode": "eager"})
+    return records
+
+
+def check_hierarchical(records, split_bytes: int = 1 << 20) -> dict:
+    """Fit each level of ``measure_levels``' records alone (inside: two_shot's counts;
+    between: a ring's, per host), project the hierarchical all_reduce of the same world
+    with ``hierarchical_us`` (latency per call: eager, interpreted) and set it beside
+    what it measured: {"inside", "between", "rows": [{bytes, measured_us, projected_us,
+    ratio, projected_step_us}]} (ratio = projected / measured). Not in the model: the
+    agreement between hosts each call makes, and the copies of the split path."""
+    recs = [r if isinstance(r, dict) else r.__dict__ for r in records]
+    inside = [(r["bytes"], r["world_size"], r["time_us"]) for r in recs if r["impl"] == "inside"]
+    between = [(r["bytes"], r["world_size"], r["time_us"]) for r in recs
+               if r["impl"] == "between"]
+    hier = [r for r in recs if r["impl"] == "commlab:hier"]
+    a_in, b_in = fit_points("two_shot", inside)
+    a_x, b_x = fit_points("nccl_ring", between)
+    local, hosts = inside[0][1], between[0][1]
+    f = Fit("inside", "two_shot", a_in, b_in, 0.0, 0.0, len(inside))
+    m = Machine(f"{hosts} hosts x {local} ranks (measured levels)", hosts * local, local,
+                inter_gbps=b_x, inter_alpha_us=a_x)
+    rows = []
+    for r in sorted(hier, key=lambda r: r["bytes"]):
+        split = r["bytes"] > split_bytes
+        proj = hierarchical_us(f, m, r["bytes"], split=split, latency="call")
+        rows.append({"bytes": r["bytes"], "measured_us": r["time_us"], "projected_us": proj,
+                     "ratio": proj / r["time_us"], "split": split,
+                     "projected_step_us": hierarchical_us(f, m, r["bytes"], split=split)})
+    return {"inside": {"alpha_us": a_in, "beta_gbps": b_in, "model": "two_shot"},
+            "between": {"alpha_us": a_x, "beta_gbps": b_x, "model": "nccl_ring"},
+            "machine": m.name, "rows": rows}
+
+
+# --- the seed's claim, next to the projection ---------------------------------------
+
+SEED_CLAIM = {"nodes": 128, "gpus_per_node": 8, "time_ms": 12.3, "baseline_ms": 18.7,
+              "utilization": 0.82}  # the seed's table: all_reduce, 128 nodes
+
+
+def seed_claim(intra: Fit, machine: Machine | None = None, claim: dict | None = None) -> dict:
+    """The seed's 128-node table (all_reduce in 12.3 ms against 18.7 ms, 82% of the
+    bandwidth) next to this model's projection, at the message size the claim implies
+    (``implied_by_claim``). ``intra`` is the fit that holds inside a node (e.g. commlab's
+    two_shot on 2xH200, graph mode); the network is ``machine``'s (default: 128 nodes x
+    8 GPUs, 50 GB/s and 5 µs per step per GPU: assumed, not measured)."""
+    c = {**SEED_CLAIM, **(claim or {})}
+    m = machine or multi_node(c["nodes"], c["gpus_per_node"])
+    implied = implied_by_claim(c["time_ms"], c["utilization"], m)
+    n, w = implied["bytes"], m.gpus
+    hier_ms = hierarchical_us(intra, m, n) / 1e3
+    ring_ms = (predict_us("nccl_ring", m.inter_alpha_us, m.inter_gbps, n, w)) / 1e3
+    tree_ms = (predict_us("nccl_tree", m.inter_alpha_us, m.inter_gbps, n, w)) / 1e3
+
+    def busbw_use(ms: float) -> float:  # nccl-tests busbw over the network's rate per GPU
+        return n / (ms * 1e-3) * 2 * (w - 1) / w / (m.inter_gbps * 1e9)
+
+    # what each NIC carries in the hierarchical schedule: the ring of the 1/L shard
+    nic_bytes = MODELS["nccl_ring"][1](n / m.gpus_per_node, m.nodes)
+    nic_use = nic_bytes / (hier_ms * 1e-3) / (m.inter_gbps * 1e9)
+    rows = [("hierarchical all_reduce (ms)", c["time_ms"], hier_ms),
+            ("baseline (ms): flat ring / tree over the network", c["baseline_ms"],
+             f"{ring_ms:.1f} / {tree_ms:.1f}"),
+            ("bandwidth use: busbw / network rate per GPU", c["utilization"],
+             f"{busbw_use(hier_ms):.0%} (flat ring {busbw_use(ring_ms):.0%})"),
+            ("bandwidth use: bytes through each NIC / time / NIC rate", "—", nic_use)]
+    assumptions = [
+        f"{m.name}: {w} GPUs, {m.inter_gbps:g} GB/s and {m.inter_alpha_us:g} µs per network "
+        f"step per GPU (assumed; every GPU on its own NIC, no congestion)",
+        f"inside a node: {intra.impl} ({intra.model}) alpha {intra.alpha_us:.2f} µs, beta "
+        f"{intra.beta_gbps:.0f} GB/s, fit on {intra.points} points (median error "
+        f"{100 * intra.median_error:.0f}%); 8 GPUs behind NVSwitch keep each GPU's rate",
+        f"message {n / 2**20:.0f} MiB: what {c['time_ms']} ms at {c['utilization']:.0%} of "
+        f"{m.inter_gbps:g} GB/s implies (busbw {implied['busbw_gbps']:.1f} GB/s, algbw "
+        f"{implied['algbw_gbps']:.1f} GB/s, nccl-tests' definitions)",
+        "hierarchical = reduce-scatter inside, ring all_reduce of the 1/8 shard between "
+        "nodes (8 rings at once), all-gather inside (commlab.collectives._hier); its "
+        "busbw counts the whole message, each NIC carries 1/8 of it: busbw / NIC rate "
+        "can pass 100%"]
+    return {"machine": m.name, "bytes": n, "rows": rows, "assumptions": assumptions,
+            "hierarchical_ms": hier_ms, "ring_ms": ring_ms, "tree_ms": tree_ms,
+            "busbw_use": busbw_use(hier_ms), "nic_use": nic_use}
+
+
+def claim_table(result: dict) -> str:
+    """``seed_claim``'s result as a markdown table with its assumptions below."""
+    def cell(v) -> str:
+        if isinstance(v, str):
+            return v
+        return f"{v:.0%}" if v < 1 else f"{v:.1f}"
+
+    lines = ["| 128 nodes x 8 GPUs | seed's table | commlab's projection |", "| --- | --- | --- |"]
+    lines += [f"| {name} | {cell(a)} | {cell(b)} |" for name, a, b in result["rows"]]
+    return "\n".join(lines + [""] + [f"- {a}" for a in result["assumptions"]])
+
+
 def report(fits: dict[str, Fit]) -> str:
     lines = [f"{'impl':<26}{'model':<11}{'alpha µs':>10}{'beta GB/s':>11}{'median err':>12}"
              f"{'max err':>9}{'points':>8}"]
@@ -199,6 +359,7 @@ def report(fits: dict[str, Fit]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["MI300X_8", "MODELS", "Fit", "Machine", "NVSWITCH_8", "fit", "fit_points",
-           "hierarchical_us", "implied_by_claim", "model_of", "multi_node", "predict_us",
-           "project_us", "report"]
+__all__ = ["LEVEL_SIZES", "MI300X_8", "MODELS", "NVSWITCH_8", "SEED_CLAIM", "Fit", "Machine",
+           "check_hierarchical", "claim_table", "fit", "fit_points", "hierarchical_us",
+           "implied_by_claim", "measure_levels", "model_of", "multi_node", "predict_us",
+           "project_us", "report", "seed_claim"]

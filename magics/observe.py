@@ -9,7 +9,10 @@
 
 Both run their measurements on the world's ranks through
 ``commlab.engine.current_world().apply``; without a world, ``%topology`` discovers this
-machine and ``%linkbench -n 2`` measures on a temporary CPU world.
+machine and ``%linkbench -n 2`` measures on a temporary CPU world. In a world across
+hosts ``%topology`` draws each host as a box around its ranks with the network link
+between the hosts' NICs (``commlab.topology.of_world``), and ``%linkbench`` measures
+the pairs on different hosts with send/recv, on their own colour scale.
 """
 
 from __future__ import annotations
@@ -157,9 +160,8 @@ class ObserveMagics(Magics):
         if args.sample:
             return T.sample(args.sample)
         world = None if args.local else _world_or_none()
-        if world is not None:
-            outs = world.apply(T.call_with_comm, T.probe)
-            return _world_topo(outs)
+        if world is not None:  # every rank builds it (hosts, NICs, measured links): rank 0's
+            return world.apply(T.call_with_comm, T.of_world)[0]
         if args.n:
             return _world_topo(_spawn_world(T.probe_with_queue, args.n, ()))
         return T.discover()

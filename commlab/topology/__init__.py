@@ -6,6 +6,8 @@ came from; saved as JSON so a topology recorded on a cluster can be explored any
     t.save("mybox.json"); topology.Topology.load("mybox.json")
     topology.sample("8xh100-nvswitch")   # documented teaching topologies (package data)
     print(topology.format_matrix(t))     # a `topo -m` style matrix
+    topology.of_world()                  # every rank of a world: its ranks, hosts, links
+    topology.linkbench.run()             # every rank: the bandwidth of every rank pair
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from commlab.topology._matrix import LEGEND, format_matrix, topo_matrix
 from commlab.topology._model import Edge, Link, Node, Topology
 from commlab.topology._nvml import available as nvml_available
 from commlab.topology._remote import bench_and_info, call_with_comm, probe, probe_with_queue
-from commlab.topology._world import rank_info, world_topology
+from commlab.topology._world import of_world, rank_info, world_topology
 from commlab.topology.routes import ROUTES, Route, route
 
 
@@ -56,5 +58,5 @@ def fingerprint(topology: Topology) -> str:
 
 __all__ = ["Edge", "LEGEND", "Link", "LinkBenchResult", "Node", "ROUTES", "Route", "Topology",
            "bench_and_info", "call_with_comm", "discover", "fingerprint", "format_matrix",
-           "nvml_available", "probe", "probe_with_queue", "rank_info", "route", "sample",
-           "samples", "topo_matrix", "world_topology"]
+           "nvml_available", "of_world", "probe", "probe_with_queue", "rank_info", "route",
+           "sample", "samples", "topo_matrix", "world_topology"]

@@ -4,6 +4,9 @@
 ``peak[i][j]`` is the link's peak (per direction, GB/s) or None when unknown; on the CPU
 backend a shared-memory "link" is memory, so its peak is the reader's own local copy
 bandwidth measured in the same run (the diagonal, largest size, memcpy).
+In a world across hosts, ``hosts`` lists each host's ranks and ``cross_host[i][j]`` marks
+the pairs on different hosts: measured with torch.distributed send/recv (the same figure
+in every method), their peak unknown (None).
 """
 
 from __future__ import annotations
@@ -36,6 +39,14 @@ class LinkBenchResult:
     peak_source: str = ""
     device: str = ""
     meta: dict = field(default_factory=dict)
+    hosts: list[list[int]] = field(default_factory=list)  # ranks per host ([] = one host)
+
+    @property
+    def cross_host(self) -> list[list[bool]]:
+        """``[i][j]``: ranks i and j are on different hosts (measured with send/recv)."""
+        host_of = {r: h for h, ranks in enumerate(self.hosts) for r in ranks}
+        return [[host_of.get(i, 0) != host_of.get(j, 0) for j in range(self.world_size)]
+                for i in range(self.world_size)]
 
     @classmethod
     def from_rows(cls, rows: list[dict], topology=None) -> LinkBenchResult:
@@ -45,8 +56,17 @@ class LinkBenchResult:
         w, methods, sizes = r0["world_size"], r0["methods"], r0["sizes"]
         gbps = {m: [[rows[i]["gbps"][m][si] for i in range(w)] for si in range(len(sizes))]
                 for m in methods}
-        res = cls(w, r0["backend"], sizes, methods, gbps, device=r0.get("device", ""))
+        hosts = [list(h) for h in r0.get("hosts", [])]
+        res = cls(w, r0["backend"], sizes, methods, gbps, device=r0.get("device", ""),
+                  hosts=hosts if len(hosts) > 1 else [])
         res.peak, res.peak_source = _peaks(res, topology)
+        if res.hosts:
+            res.meta["cross_host_method"] = (
+                "torch.distributed send/recv after a 4-byte request, timed on the reader "
+                "(gloo on CPU, NCCL on GPU); the same figure in every method")
+            cross = res.cross_host
+            res.peak = [[None if cross[i][j] else p for j, p in enumerate(row)]
+                        for i, row in enumerate(res.peak)]
         return res
 
     # -- views ---------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 SCHEMA = "commlab.topology/1"
-NODE_KINDS = ("gpu", "cpu", "nvswitch", "nic", "rank")
+NODE_KINDS = ("gpu", "cpu", "nvswitch", "nic", "rank", "host")  # host: a box of nodes
 EDGE_KINDS = ("nvlink", "xgmi", "pcie", "shm", "smp", "net")
 # nvidia-smi topo -m path classes, nearest first (X = self, NV# = bonded NVLinks)
 PCIE_CLASSES = ("X", "PIX", "PXB", "PHB", "NODE", "SYS")
@@ -97,6 +97,15 @@ class Topology:
         order = {k: i for i, k in enumerate(("nvlink", "xgmi", "shm", "pcie", "net"))}
         found.sort(key=lambda e: order.get(e.kind, 9))
         return found[0] if found else None
+
+    def hosts(self) -> dict[str, list[str]]:
+        """Host node id -> the ids of the nodes on it (their ``attrs["host_node"]``); {}
+        when the topology has no host nodes (one machine)."""
+        out: dict[str, list[str]] = {n.id: [] for n in self.nodes_of("host")}
+        for n in self.nodes:
+            if n.attrs.get("host_node") in out and n.kind != "host":
+                out[n.attrs["host_node"]].append(n.id)
+        return out
 
     def devices(self) -> list[Node]:
         """The nodes that ranks run on: GPUs if any, else rank nodes."""

@@ -12,8 +12,16 @@ into a local one, with
     GB/s = bytes / median time;  % of peak = GB/s / edge.peak_gbps
     (i == j is a local copy: the diagonal is each rank's own memory bandwidth)
 
-Run on a world with ``measure(comm, ...)`` (every rank calls it); results come back as
-rows, one per reader, that ``LinkBenchResult.from_rows`` assembles.
+In a world across hosts a kernel reaches only its host's heap: pairs on one host are read
+as above (through ``comm.local``), pairs on different hosts with torch.distributed
+point-to-point (gloo on CPU, NCCL on GPU): the reader sends a 4-byte request, the source
+sends the buffer, the reader times both (so small sizes show the round trip). That
+``p2p`` figure fills the cross-host cells of every method; ``LinkBenchResult.cross_host``
+marks them.
+
+Run on a world with ``run(comm, ...)`` (every rank calls it, every rank gets the
+``LinkBenchResult``), or ``measure``/``rank_run`` for one rank's row, which
+``LinkBenchResult.from_rows`` assembles.
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ import triton
 import triton.language as tl
 
 import commlab.language as cl
-from commlab.runtime import symmetric_empty
+from commlab.runtime import get_communicator, symmetric_empty
 from commlab.runtime.peer import peer_view
 from commlab.topology._bench_result import LinkBenchResult
 
@@ -131,34 +139,69 @@ def _measure(comm, sizes, iters, methods, progress) -> dict:
     bad = [m for m in methods if m not in METHODS]
     if bad:
         raise ValueError(f"linkbench: unknown method {bad[0]!r}; use one of {METHODS}")
-    world, me = comm.world_size, comm.rank
+    world, me, local = comm.world_size, comm.rank, comm.local
+    host_of = {r: h for h, ranks in enumerate(comm.hosts) for r in ranks}
+    index_of = {r: ranks.index(r) for ranks in comm.hosts for r in ranks}  # local index
     n_max = max(sizes) // 4
     src = symmetric_empty((n_max,), torch.int32)
     src.copy_(_pattern(me, n_max, src.device))
     dst = torch.empty(n_max, dtype=torch.int32, device=src.device)
     comm.synchronize()
     dist.barrier(group=comm.cpu_group)  # every rank's pattern is written
-    views = {j: peer_view(comm, src, j) for j in range(world)}
+    views = {j: peer_view(local, src, index_of[j]) for j in comm.hosts[host_of[me]]}
     gbps = {m: [[0.0] * world for _ in sizes] for m in methods}
+    p2p: dict[tuple[int, int], float] = {}  # (size index, source): measured once for all
     total, done = len(methods) * len(sizes) * world * world, 0
     for m in methods:
         for si, nbytes in enumerate(sizes):
             n = nbytes // 4
             for i in range(world):
                 for j in range(world):
-                    dist.barrier(group=comm.cpu_group)  # only the reader runs now
-                    if me == i:
+                    dist.barrier(group=comm.cpu_group)  # only the reader (and source) run now
+                    if host_of[i] != host_of[j]:
+                        if me in (i, j) and m == methods[0]:  # once, for every method
+                            t = _p2p_pair(comm, me, i, j, src, dst, n, iters)
+                            if me == i:
+                                p2p[(si, j)] = nbytes / t / 1e9
+                        if me == i:
+                            gbps[m][si][j] = p2p[(si, j)]
+                    elif me == i:
+                        copy = functools.partial(_copy, local, m, src, dst, views[j],
+                                                 index_of[j], n)
                         dst[:n].fill_(-1)
-                        _copy(comm, m, src, dst, views[j], j, n)
+                        copy()
                         _verify(dst[:n], j, m)
-                        t = _time(comm, functools.partial(_copy, comm, m, src, dst, views[j],
-                                                          j, n), iters)
-                        gbps[m][si][j] = nbytes / t / 1e9
+                        gbps[m][si][j] = nbytes / _time(comm, copy, iters) / 1e9
                     done += 1
                     if progress is not None and me == 0:
                         progress.put((done, total))
     dist.barrier(group=comm.cpu_group)  # nobody reads src any more: it may be freed
     return {"rank": me, "gbps": gbps}
+
+
+def _p2p_pair(comm, me: int, i: int, j: int, src, dst, n: int, iters: int) -> float:
+    """Reader ``i`` gets ``n`` int32 from ``j`` on another host: checked once, then timed
+    (median seconds, on the reader; the source returns 0)."""
+    ask = torch.zeros(1, dtype=torch.int32, device=src.device)
+
+    g = comm.group  # commlab's gloo (CPU) / NCCL (GPU) world group, never its own backend
+
+    def once():
+        if me == i:
+            dist.send(ask, j, group=g)
+            dist.recv(dst[:n], j, group=g)
+        else:
+            dist.recv(ask, i, group=g)
+            dist.send(src[:n], i, group=g)
+        if comm.backend == "cuda":
+            torch.cuda.synchronize(comm.device)
+
+    if me == i:
+        dst[:n].fill_(-1)
+    once()
+    if me == i:
+        _verify(dst[:n], j, "p2p")
+    return _time(comm, once, iters)
 
 
 def _verify(got: torch.Tensor, src_rank: int, method: str) -> None:
@@ -176,8 +219,19 @@ def rank_run(comm, sizes=None, iters=None, methods=METHODS, progress=None) -> di
     row.update(backend=comm.backend, world_size=comm.world_size,
                device=_device_name(comm),
                sizes=list(sizes or (CPU_SIZES if comm.backend == "cpu" else GPU_SIZES)),
-               methods=list(methods))
+               methods=list(methods), hosts=comm.hosts)
     return row
+
+
+def run(comm=None, sizes=None, iters: int | None = None, methods=METHODS,
+        topology=None) -> LinkBenchResult:
+    """Measure every ordered pair of ``comm``'s world (default: this process's); every
+    rank calls it and every rank gets the whole ``LinkBenchResult``. Collective."""
+    comm = comm or get_communicator()
+    row = rank_run(comm, sizes, iters, methods)
+    rows: list = [None] * comm.world_size
+    dist.all_gather_object(rows, row, group=comm.cpu_group)
+    return LinkBenchResult.from_rows(rows, topology)
 
 
 def _device_name(comm) -> str:
