@@ -102,8 +102,10 @@ def _notebook(launcher: str, end: str, timeout: float):
                     time.sleep(0.5)
                 log.seek(0)
                 if not got.get(key):
-                    pytest.fail(f"the notebook did not get to {key!r}: {got}\n{log.read()[-5000:]}",
-                                pytrace=False)
+                    steps = {k: (v["error"], v["stdout"][-500:])
+                             for k, v in got.get("steps", {}).items()}
+                    pytest.fail(f"the notebook did not get to {key!r}: {steps}\n"
+                                f"{log.read()[-5000:]}", pytrace=False)
                 return got
 
             yield hosts, keys, proc, read
@@ -115,6 +117,7 @@ def _notebook(launcher: str, end: str, timeout: float):
 
 def _check_cells(got: dict, hosts) -> None:
     s = got["steps"]
+    print("seconds per step:", {k: v["s"] for k, v in s.items()})
     assert not s["start"]["error"], s["start"]
     assert "world of 4 ranks on 2 hosts started" in s["start"]["stdout"], s["start"]
     ranks = got["worlds"][0]["ranks"]

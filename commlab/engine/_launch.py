@@ -213,8 +213,10 @@ def remote_dir(world_dir: str) -> str:
 
 
 # what every engine needs from the notebook's environment (mpirun forwards only these)
-FORWARD = ("CL_ENGINE_HUB", "CL_ENGINE_TOKEN", "COMMLAB_BACKEND", "COMMLAB_WORLD_KEY",
-           "COMMLAB_TIMEOUT", "OMP_NUM_THREADS", "PYTHONUNBUFFERED")
+# (ipyparallel's connection info, with the controller's key, travels the same way)
+FORWARD = ("CL_ENGINE_HUB", "CL_ENGINE_TOKEN", "IPP_CONNECTION_INFO", "IPP_CLUSTER_ID",
+           "IPP_PROFILE_DIR", "COMMLAB_BACKEND", "COMMLAB_WORLD_KEY", "COMMLAB_TIMEOUT",
+           "OMP_NUM_THREADS", "PYTHONUNBUFFERED")
 
 
 def mpi_args(plan: LaunchPlan) -> list[str]:
