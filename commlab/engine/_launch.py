@@ -179,8 +179,9 @@ def make_cluster(name: str, world_dir: str, plan: LaunchPlan | None = None):
     cfg = Config()
     cfg.LocalControllerLauncher.controller_cmd = _PROC + ["controller", "--remove-when-orphaned",
                                                           world_dir]
-    engine = _PROC + ["engine", "--remove-when-orphaned",
-                      remote_dir(world_dir) if plan.launcher == "ssh" else world_dir]
+    engine = _PROC + ["engine", "--remove-when-orphaned", world_dir]
+    if plan.launcher == "ssh":  # each host's copy of the profile goes with its engines
+        engine = _PROC + ["engine", "--remove-at-exit", remote_dir(world_dir)]
     cfg.LocalEngineSetLauncher.engine_cmd = engine
     cfg.LocalEngineLauncher.engine_cmd = engine
     if plan.launcher == "ssh":
@@ -303,7 +304,7 @@ def _engine_set_launcher(launcher: str = "local"):
     from ipyparallel.cluster.launcher import LocalEngineLauncher, LocalEngineSetLauncher
 
     if launcher == "ssh":
-        return ipl.SSHEngineSetLauncher
+        return _ssh_engine_set_launcher()
     if launcher == "slurm":
         return ipl.SlurmEngineSetLauncher
     if launcher == "mpi":
@@ -323,3 +324,72 @@ def _engine_set_launcher(launcher: str = "local"):
         launcher_class = EngineLauncher
 
     return EngineSetLauncher
+
+
+def _ssh_engine_set_launcher():
+    """ipyparallel's SSH engine-set launcher (``engines = {host: count}``) whose engines
+    cost one ssh and a POSIX shell per start, signal and wait: ipyparallel's own runs its
+    Python on the host for each (checks, ``IPython profile create``, a poll every 60 s),
+    seconds of CPU per engine. Nothing needs copying: the connection info travels in the
+    environment, and the hub says when an engine ends."""
+    import asyncio
+    import re
+    from subprocess import check_output
+
+    from ipyparallel.cluster import launcher as ipl
+
+    class SSHEngineLauncher(ipl.SSHEngineLauncher):
+        def _sh(self, script: str, timeout: float = 60) -> str:
+            return check_output([*self.ssh_cmd, *self.ssh_args, self.location, "sh -s"],
+                                input=script.encode(), timeout=timeout).decode("utf8", "replace")
+
+        def start(self, hostname=None, user=None, port=None):
+            self.hostname = hostname or self.hostname
+            if user is not None:
+                self.user = user
+            if port is not None:
+                self.ssh_args = [*self.ssh_args, "-p", str(port)]
+            out = self.remote_output_file
+            script = [f"mkdir -p {shlex.quote(os.path.dirname(out))}",
+                      *(f"export {k}={shlex.quote(str(v))}" for k, v in self.get_env().items()),
+                      f"nohup {shlex.join(self.program + self.program_args)} "
+                      f"> {shlex.quote(out)} 2>&1 < /dev/null &", "echo __remote_pid=$!__"]
+            found = re.search(r"__remote_pid=(\d+)__", self._sh("\n".join(script)))
+            if found is None:
+                raise RuntimeError(f"ssh {self.location}: the engine did not start")
+            self.pid = int(found.group(1))
+            self.notify_start({"host": self.location, "pid": self.pid})
+
+        def signal(self, sig):
+            if self.state == "running":
+                self._sh(f"kill -{int(sig)} {self.pid} 2>/dev/null; true")
+
+        async def join(self, timeout=None):
+            tenths = int(10 * (timeout if timeout is not None else 60))
+            script = (f"i=0; while kill -0 {self.pid} 2>/dev/null && [ $i -lt {tenths} ]; "
+                      f"do sleep 0.1; i=$((i+1)); done; kill -0 {self.pid} 2>/dev/null "
+                      f"&& echo running; true")
+            left = await asyncio.get_running_loop().run_in_executor(None, self._sh, script)
+            if "running" in left:
+                raise TimeoutError(f"engine {self.pid} on {self.location} still runs")
+            self.notify_stop({"exit_code": None, "pid": self.pid,
+                              "identifier": self.identifier})
+
+        async def stop(self):
+            """TERM, KILL after 5 s: one ssh (the set stops its engines concurrently)."""
+            if self.state != "running":
+                return
+            script = (f"kill -TERM {self.pid} 2>/dev/null; i=0; while kill -0 {self.pid} "
+                      f"2>/dev/null && [ $i -lt 50 ]; do sleep 0.1; i=$((i+1)); done; "
+                      f"kill -KILL {self.pid} 2>/dev/null; true")
+            await asyncio.get_running_loop().run_in_executor(None, self._sh, script)
+            self.notify_stop({"exit_code": None, "pid": self.pid,
+                              "identifier": self.identifier})
+
+        def get_output(self, remove=False):
+            return ""
+
+    class SSHEngineSetLauncher(ipl.SSHEngineSetLauncher):
+        launcher_class = SSHEngineLauncher
+
+    return SSHEngineSetLauncher

@@ -1,7 +1,7 @@
 """Entry point of the processes a world is made of: ipyparallel's controller and engines.
 
-    python .../commlab/engine/_proc.py engine|controller [--remove-when-orphaned DIR]
-                                       [ipyparallel args...]
+    python .../commlab/engine/_proc.py engine|controller [--remove-when-orphaned DIR |
+                                       --remove-at-exit DIR] [ipyparallel args...]
 
 An engine whose environment names the world's hub (``CL_ENGINE_HUB`` = host:port and
 ``CL_ENGINE_TOKEN``, set by the notebook for the engines it launches, not user settings)
@@ -24,6 +24,7 @@ which ipyparallel needs): the controller must not import torch.
 
 from __future__ import annotations
 
+import atexit
 import faulthandler
 import hashlib
 import hmac
@@ -190,7 +191,9 @@ def main() -> None:
         sys.path.pop(0)  # run as a file: don't let our siblings shadow other modules
     role, rest = sys.argv[1], sys.argv[2:]
     world_dir = ""
-    if rest[:1] == ["--remove-when-orphaned"]:
+    if rest[:1] in (["--remove-when-orphaned"], ["--remove-at-exit"]):
+        if rest[0] == "--remove-at-exit":  # a host's own copy: no other engine needs it
+            atexit.register(shutil.rmtree, rest[1], True)
         world_dir, rest = rest[1], rest[2:]
     sys.argv = [sys.argv[0]] + rest
     hub = os.environ.pop("CL_ENGINE_HUB", "")

@@ -14,19 +14,16 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
-import socket
 import tempfile
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from commlab import _config
 from commlab.engine import _worker
+from commlab.engine._control import RankControl, RankInfo
 from commlab.engine._hub import Agent, Hub
 from commlab.engine._launch import (
-    SHUTDOWN_WAIT_S,
     LaunchPlan,
-    end_engines,
     engine_launchers,
     launcher_pids,
     make_cluster,
@@ -43,15 +40,6 @@ _CURRENT: World | None = None
 _LAST: dict = {}  # start_world's arguments (n follows resizes), for restart_world
 
 
-@dataclass
-class RankInfo:
-    rank: int
-    eid: int  # ipyparallel engine id
-    pid: int
-    device: str
-    host: str = ""  # the engine's hostname
-
-
 def _grouped(hosts: list[str], order: list[str]) -> list[int]:
     """Positions of ``hosts`` sorted so each host's are contiguous: hosts in ``order``
     first (the --hosts order), then as first seen; stable within a host."""
@@ -59,7 +47,7 @@ def _grouped(hosts: list[str], order: list[str]) -> list[int]:
     return sorted(range(len(hosts)), key=lambda i: rank[hosts[i]])
 
 
-class World:
+class World(RankControl):
     """The running world. ``size``, ``backend``, ``ranks``; ``apply`` runs a function on
     every rank; ``run_cell`` runs cell source (what ``%%distributed`` does)."""
 
@@ -221,33 +209,6 @@ class World:
     def _launcher_pids(self) -> list[int]:
         return launcher_pids(self.cluster)
 
-    def here(self, ri: RankInfo) -> bool:
-        """Whether rank ``ri`` runs on this machine (its pid means something here)."""
-        return self.plan.launcher == "local" or ri.host == socket.gethostname()
-
-    def rank_alive(self, ri: RankInfo) -> bool:
-        """Whether rank ``ri``'s engine is alive: its agent's connection is open."""
-        agent = self.agents.get(ri.eid)
-        return agent is not None and agent.alive
-
-    def _agents(self, ranks: list[int]) -> tuple[list[int], list[Agent]]:
-        pairs = [(ri.rank, self.agents[ri.eid]) for ri in self.ranks
-                 if ri.rank in ranks and ri.eid in self.agents]
-        return [r for r, _ in pairs], [a for _, a in pairs]
-
-    def _end_ranks(self, ranks: list[RankInfo]) -> None:
-        """ipyparallel's shutdown request; then engines here by pid, the others through
-        their agent (``exit``) when they have not ended within ``SHUTDOWN_WAIT_S``."""
-        end_engines(self.client, [ri.eid for ri in ranks if self.rank_alive(ri)],
-                    [ri.pid for ri in ranks if self.here(ri)])
-        away = [ri for ri in ranks if not self.here(ri)]
-        deadline = time.monotonic() + SHUTDOWN_WAIT_S
-        while any(self.rank_alive(ri) for ri in away) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        left = [self.agents[ri.eid] for ri in away if self.rank_alive(ri)]
-        if left:
-            self.hub.ask(left, "exit", timeout=1.0)
-
     @property
     def log_lines(self) -> list[str]:
         """ipyparallel's log of this world (kept out of the notebook), oldest first."""
@@ -291,14 +252,6 @@ class World:
         another launcher would not know which host to put it on)."""
         return self.plan.launcher == "local"
 
-    def kill(self, ranks: list[int]) -> None:
-        """End ranks ``ranks`` now: by pid here, through their agent elsewhere."""
-        infos = [ri for ri in self.ranks if ri.rank in ranks]
-        end_pids([ri.pid for ri in infos if self.here(ri)], grace=0.0)
-        away = [self.agents[ri.eid] for ri in infos if not self.here(ri) and self.rank_alive(ri)]
-        if away:
-            self.hub.ask(away, "exit", timeout=2.0)
-
     def replace(self, stuck: list[int]) -> None:
         """Kill ranks ``stuck`` and start fresh engines in their place; every rank
         re-joins a new communicator (the replaced ranks' namespaces are lost)."""
@@ -315,10 +268,6 @@ class World:
         self._join(order, group=False)
 
     # -- running --------------------------------------------------------------------------
-    @property
-    def size(self) -> int:
-        return len(self.ranks)
-
     def check_usable(self) -> None:
         if self.closed:
             raise CommlabUsageError("this world was stopped: run %dist_start -n N")
@@ -375,26 +324,6 @@ class World:
                                for ri in infos], what=f"pulling {name}", limit=120)
         return vals[0] if rank is not None else vals
 
-    def signal(self, ranks: list[int], sig: int) -> None:
-        """Send ``sig`` to the engines of ``ranks`` through their agents (SIGINT raises
-        KeyboardInterrupt in the rank's main thread), wherever they run."""
-        _, agents = self._agents(ranks)
-        self.hub.ask(agents, "signal", timeout=2.0, sig=int(sig))
-
-    def dump_stacks(self, ranks: list[int]) -> dict[int, str]:
-        """Each rank's Python stack (all threads, faulthandler's format), from its agent's
-        thread: needs the rank's main thread to let go of the GIL, which sleeping, waiting
-        at a commlab agreement or on the GPU all do. The rank's blocked waits
-        (``_worker.current_waits``) land in ``last_waits``."""
-        order, agents = self._agents(ranks)
-        replies = self.hub.ask(agents, "stacks", timeout=3.0)
-        out: dict[int, str] = {}
-        self.last_waits = {}
-        for r, reply in zip(order, replies, strict=True):
-            out[r] = str((reply or {}).get("stacks", ""))
-            self.last_waits[r] = list((reply or {}).get("waits") or [])
-        return out
-
     def exit_code(self, pid: int) -> int | None:
         """The exit status of a dead engine (negative: killed by that signal)."""
         deadline = time.monotonic() + 2.0  # the launcher's thread reaps it
@@ -406,22 +335,6 @@ class World:
             if time.monotonic() > deadline:
                 return None
             time.sleep(0.05)
-
-    def status(self) -> str:
-        lines = [f"world of {self.size} ranks, backend {self.backend}"
-                 + (f"  [BROKEN: {self.broken}]" if self.broken else "")]
-        _, agents = self._agents([ri.rank for ri in self.ranks])
-        infos = self.hub.ask(agents, "info", timeout=2.0)
-        for ri, info in zip(self.ranks, infos, strict=True):
-            up = self.rank_alive(ri) and info is not None
-            busy = bool(self.client.queue_status(targets=ri.eid).get("queue", 0)) if up \
-                else False
-            mem = (info or {}).get("rss", 0) / 2**20
-            lines.append(f"  rank {ri.rank}: {ri.host}, engine {ri.eid}, pid {ri.pid}, "
-                         f"{ri.device}, {'alive' if up else 'DEAD'}{', busy' if busy else ''}, "
-                         f"{mem:.0f} MiB")
-        return "\n".join(lines)
-
 
 def current_world() -> World:
     """The running world; raises a clear error when there is none."""
