@@ -223,3 +223,85 @@ def test_slurm_and_mpi_launchers_run_the_engine_entry_with_the_hub_environment(m
     assert args[:2] == ["--host", "a:2,b:2"]
     assert ["-x", "CL_ENGINE_HUB"] == args[2:4] and "CL_ENGINE_TOKEN" in args
     assert args[args.index("plm_rsh_agent") + 1] == "ssh -i /k -o BatchMode=yes"
+
+
+AGENT = """
+import importlib.util, sys, time
+spec = importlib.util.spec_from_file_location("agent", sys.argv[1])
+agent = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(agent)
+agent.start_agent(sys.argv[2], sys.argv[3], "")
+try:
+    time.sleep(60)
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+    time.sleep(60)
+"""
+
+
+def _agent_process(hub):
+    proc_py = ROOT / "commlab" / "engine" / "_proc.py"
+    return subprocess.Popen([sys.executable, "-c", AGENT, str(proc_py),
+                             f"{hub.host}:{hub.port}", hub.token],
+                            stdout=subprocess.PIPE, text=True)
+
+
+def test_the_hub_gets_stacks_interrupts_and_ends_an_agent_when_it_closes():
+    import socket
+
+    from commlab.engine._hub import Hub
+
+    hub = Hub("127.0.0.1")
+    p = _agent_process(hub)
+    try:
+        agent = hub.agent(socket.gethostname(), p.pid, timeout=20)
+        [reply] = hub.ask([agent], "stacks", timeout=5)
+        assert reply is not None
+        assert 'File "<string>", line 8 in <module>' in reply["stacks"] and reply["waits"] == []
+        hub.ask([agent], "signal", timeout=5, sig=signal.SIGINT)
+        assert p.stdout is not None and p.stdout.readline().strip() == "interrupted"
+        hub.close()  # the notebook is gone: the agent ends its process
+        assert p.wait(10) == 0
+    finally:
+        hub.close()
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def test_the_hub_and_the_agent_each_refuse_a_peer_without_the_token():
+    import json
+    import socket
+    import threading
+
+    from commlab.engine._hub import Hub
+
+    hub = Hub("127.0.0.1")
+    with socket.create_connection((hub.host, hub.port), timeout=5) as s:
+        f = s.makefile("rb")
+        assert "nonce" in json.loads(f.readline())
+        s.sendall(json.dumps({"mac": "0" * 64, "nonce": "n", "host": "x", "pid": 1})
+                  .encode() + b"\n")
+        assert f.readline() == b""  # closed, nothing answered
+    assert hub.rejected == 1 and hub.agents == {}
+    hub.close()
+
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("agent", ROOT / "commlab/engine/_proc.py")
+    assert spec is not None and spec.loader is not None
+    agent = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(agent)
+    fake = socket.create_server(("127.0.0.1", 0))
+
+    def impostor():
+        conn, _ = fake.accept()
+        conn.sendall(b'{"nonce": "abc"}\n')
+        conn.makefile("rb").readline()
+        conn.sendall(b'{"mac": "guess"}\n')
+        conn.close()
+
+    threading.Thread(target=impostor, daemon=True).start()
+    with pytest.raises(ConnectionError, match="did not prove it knows the world's token"):
+        agent.connect_agent(f"127.0.0.1:{fake.getsockname()[1]}", "the-token")
+    fake.close()

@@ -88,10 +88,11 @@ class Agent:
             events = list(self._events.values())
         for ev in events:  # waiters get None: the rank is gone
             ev.set()
-        try:
-            self.sock.close()
+        try:  # shutdown: the reader's file object keeps the descriptor open past close()
+            self.sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
+        self.sock.close()
 
 
 class Hub:
@@ -137,15 +138,14 @@ class Hub:
             conn.sendall(json.dumps({"nonce": nonce}).encode() + b"\n")
             hello = json.loads(rfile.readline(4096) or b"{}")
             if not hmac.compare_digest(str(hello.get("mac", "")), _mac(self.token, nonce)):
-                self.rejected += 1
-                return
+                raise ValueError("wrong token")
             conn.sendall(json.dumps({"mac": _mac(self.token, "hub:" + str(hello["nonce"]))})
                          .encode() + b"\n")
             conn.settimeout(None)
             conn.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
             agent = Agent(conn, rfile, hello)
         except (OSError, ValueError, KeyError, TypeError, AttributeError):  # a stranger
-            pass
+            self.rejected += 1
         finally:
             with self._lock:
                 self._pending -= 1
