@@ -134,6 +134,9 @@ def _check_cells(got: dict, hosts) -> None:
     assert hang.startswith("HangError") and "[rank 3] blocked in commlab.all_reduce" in hang
     assert "the world recovered" in hang, hang
     assert "[ranks 0-3] sum [4.0]" in s["after_hang"]["stdout"], s["after_hang"]
+    assert got["prompts"] == ["[rank 3] (Pdb) "] * 2, got["prompts"]  # over the relay
+    out = s["debugger"]["stdout"]
+    assert "[rank 3] 48" in out and "[rank 3] after 24" in out and "[rank 0] after 21" in out
 
 
 def _left_behind(got: dict, hosts, keys: str) -> list[str]:
@@ -157,6 +160,8 @@ def test_ssh_world_across_hosts_runs_cells_recovers_restarts_and_leaves_nothing(
         got = read("done")
         _check_cells(got, hosts)
         s = got["steps"]
+        assert "[ranks 0-2] sum [3.0]" in s["after_shrink"]["stdout"], s  # rank 3 dropped
+        assert "can shrink but not grow" in s["grow"]["error"], s["grow"]
         assert not s["restart"]["error"] and "world of 4 ranks on 2 hosts" in \
             s["restart"]["stdout"], s["restart"]
         assert "[ranks 0-3] sum [4.0]" in s["after_restart"]["stdout"], s["after_restart"]

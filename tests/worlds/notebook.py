@@ -70,11 +70,21 @@ def main() -> None:
     step("hang", cell("x = torch.ones(4)\nif rank == 3:\n    commlab.all_reduce(x)\n",
                       "--grace 2"))
     step("after_hang", cell("print('sum', commlab.all_reduce(torch.ones(1)).tolist())"))
+    import commlab.engine._wait as wait
+
+    answers = ["p secret * 2", "c"]
+    OUT["prompts"] = []
+    wait.ask = lambda prompt: OUT["prompts"].append(prompt) or answers.pop(0)
+    step("debugger", cell("secret = 21 + rank\nif rank == 3:\n    breakpoint()\n"
+                          "print('after', secret)"))
     if end == "wait":
         OUT["ready"] = True
         save()
         time.sleep(600)
         return
+    step("shrink", lambda: ip.run_line_magic("dist_resize", "3"))
+    step("after_shrink", cell("print('sum', commlab.all_reduce(torch.ones(1)).tolist())"))
+    step("grow", lambda: ip.run_line_magic("dist_resize", "4"))
     step("restart", lambda: ip.run_line_magic("dist_restart", ""))
     record()
     step("after_restart", cell("print('sum', commlab.all_reduce(torch.ones(1)).tolist())"))
