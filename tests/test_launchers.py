@@ -160,7 +160,10 @@ def test_ssh_world_across_hosts_runs_cells_recovers_restarts_and_leaves_nothing(
         got = read("done")
         _check_cells(got, hosts)
         s = got["steps"]
-        assert "[ranks 0-2] sum [3.0]" in s["after_shrink"]["stdout"], s  # rank 3 dropped
+        assert "must keep the same number of ranks each" in s["uneven"]["error"], s["uneven"]
+        out = s["after_shrink"]["stdout"]  # one rank left on each host
+        assert f"[rank 0] {hosts[0].name}" in out and f"[rank 1] {hosts[1].name}" in out
+        assert "[ranks 0, 1] sum [2.0]" in out, (s["shrink"], s["after_shrink"])
         assert "can shrink but not grow" in s["grow"]["error"], s["grow"]
         assert not s["restart"]["error"] and "world of 4 ranks on 2 hosts" in \
             s["restart"]["stdout"], s["restart"]
@@ -191,6 +194,7 @@ def test_mpi_world_across_hosts_ends_by_itself_when_the_notebook_is_killed():
     (dict(launcher="ssh", hosts="a:1,b:2"), "must be given for every host and add up to 4"),
     (dict(launcher="ssh", hosts="a:0,b:4"), "is not HOST or HOST:RANKS"),
     (dict(launcher="ssh", hosts="a:2,a:2"), "names a host twice"),
+    (dict(launcher="ssh", hosts="a:1,b:3"), "the same number of ranks on every host"),
     (dict(launcher="slurm", hosts="a:4"), "places ranks itself"),
 ])
 def test_launch_flags_are_checked_before_anything_starts(args, match):

@@ -132,6 +132,10 @@ def plan_launch(n: int, launcher: str = "local", hosts=None, ip: str | None = No
                 f"add up to {n}; write e.g. --hosts "
                 f"{given[0][0]}:{n - n // 2},{given[-1][0]}:{n // 2}")
         placed = [(h, int(c or 0)) for h, c in given]
+    if len({c for _, c in placed}) > 1:
+        raise CommlabUsageError(
+            f"--hosts {hosts}: a world across hosts needs the same number of ranks on every "
+            f"host (commlab.init checks it), got {[c for _, c in placed]}; give equal counts")
     if len({h for h, _ in placed}) != len(placed):
         raise CommlabUsageError(f"--hosts {hosts} names a host twice; name each host once "
                                 f"with its count (HOST:RANKS)")

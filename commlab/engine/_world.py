@@ -230,7 +230,16 @@ class World(RankControl):
                 f"%dist_start -n {n} --launcher {self.plan.launcher} with --hosts for {n}")
         self.check_usable()
         keep = self.ranks[:n]
-        self._rebuild(keep, drop=self.ranks[n:], add=max(0, n - self.size))
+        hosts = list(dict.fromkeys(ri.host for ri in self.ranks))
+        if len(hosts) > 1:  # every host keeps as many ranks (commlab.init needs it)
+            if n % len(hosts):
+                raise CommlabUsageError(
+                    f"%dist_resize {n}: the world spans {len(hosts)} hosts, which must keep "
+                    f"the same number of ranks each; give a multiple of {len(hosts)}")
+            keep = [ri for h in hosts for ri in [r for r in self.ranks if r.host == h]
+                    [:n // len(hosts)]]
+        drop = [ri for ri in self.ranks if ri not in keep]
+        self._rebuild(keep, drop=drop, add=max(0, n - self.size))
         if _CURRENT is self and _LAST and self.plan.launcher == "local":
             _LAST["n"] = self.size
 

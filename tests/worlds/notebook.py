@@ -82,8 +82,10 @@ def main() -> None:
         save()
         time.sleep(600)
         return
-    step("shrink", lambda: ip.run_line_magic("dist_resize", "3"))
-    step("after_shrink", cell("print('sum', commlab.all_reduce(torch.ones(1)).tolist())"))
+    step("uneven", lambda: ip.run_line_magic("dist_resize", "3"))
+    step("shrink", lambda: ip.run_line_magic("dist_resize", "2"))
+    step("after_shrink", cell("import socket\nprint(socket.gethostname())\n"
+                              "print('sum', commlab.all_reduce(torch.ones(1)).tolist())"))
     step("grow", lambda: ip.run_line_magic("dist_resize", "4"))
     step("restart", lambda: ip.run_line_magic("dist_restart", ""))
     record()
