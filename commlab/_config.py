@@ -88,6 +88,10 @@ VARS: dict[str, Var] = {v.name: v for v in (
         "secret the ranks MAC the bootstrap store's values with (the same on every rank; "
         "default: a per-user key in `~/.cache/commlab/world-key`, enough on one host)",
         "commlab.runtime"),
+    Var("COMMLAB_SSH_ARGS", None, str,
+        "extra `ssh` arguments (e.g. `-i key -o StrictHostKeyChecking=no`) for "
+        "`%dist_start --launcher ssh` (also scp) and `--launcher mpi` (its remote agent); "
+        "your ssh config applies too", "commlab.engine"),
     Var("COMMLAB_TORCH_BACKEND", None, str,
         "`commlab`: `commlab.init()` starts torch.distributed on the commlab backend (how a "
         "`%dist_start` world gets it)", "commlab.runtime"),

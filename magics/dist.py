@@ -74,6 +74,15 @@ class DistMagics(Magics):
                    "auto: cuda when every rank has a GPU")
     @argument("--devices", type=rank_list, default=None, metavar="0,1",
               help="GPU index for each rank, in rank order (default: rank r uses GPU r)")
+    @argument("--launcher", default="local", metavar="local|ssh|mpi|slurm",
+              help="how engines start: local (this machine), ssh (on --hosts), mpi "
+                   "(mpirun, on --hosts or here), slurm (sbatch + srun)")
+    @argument("--hosts", default=None, metavar="h0:2,h1:2",
+              help="hosts for --launcher ssh/mpi: HOST:RANKS each, or HOST,... to split "
+                   "-n evenly; ranks of one host are contiguous")
+    @argument("--ip", default=None, metavar="ADDR",
+              help="this machine's address the ranks reach it on (default: the address "
+                   "on the route to the first remote host; 127.0.0.1 for local)")
     @line_magic
     @_usage
     def dist_start(self, line):
@@ -92,8 +101,14 @@ class DistMagics(Magics):
                ...: print(commlab.all_reduce(x))
             [ranks 0-3] tensor([6., 6., 6.])
 
-        Engines run on this machine through ipyparallel's local launcher; its MPI, Slurm
-        and SSH launchers are the way to go beyond one machine.
+        Beyond one machine, ``--launcher ssh --hosts node0:2,node1:2`` starts the engines
+        over ssh (your ssh config applies; ``$COMMLAB_SSH_ARGS`` adds arguments),
+        ``--launcher mpi`` through ``mpirun --host`` (the hosts share the filesystem of
+        the world's temporary directory), ``--launcher slurm`` through ``sbatch``/``srun``
+        (with ``--ip``). Every rank's output, errors, Ctrl-C, hang reports and the
+        debugger work the same; a rank whose notebook is gone ends itself. The hosts need
+        this Python environment at the same path, and one ``COMMLAB_WORLD_KEY`` where
+        they do not share a home directory.
         """
         from commlab.engine import start_world
 
@@ -101,7 +116,8 @@ class DistMagics(Magics):
         t0 = time.monotonic()
         with Progress(f"starting {args.n} ranks", total=args.n + 2) as p:
             w = start_world(n=args.n, backend=args.backend, devices=args.devices,
-                            progress=p.step)
+                            progress=p.step, launcher=args.launcher, hosts=args.hosts,
+                            ip=args.ip)
         _started(w, t0)
 
     @magic_arguments()
@@ -289,5 +305,7 @@ def _started(w, t0: float) -> None:
     """One line: the new world, and what happened to the one it replaced."""
     old = (f"; the previous world of {w.replaced} ranks was stopped (its variables are "
            f"gone)" if w.replaced else "")
-    print(f"world of {w.size} ranks started (backend {w.backend}) in "
+    hosts = len({ri.host for ri in w.ranks})
+    on = f" on {hosts} hosts" if hosts > 1 else ""
+    print(f"world of {w.size} ranks{on} started (backend {w.backend}) in "
           f"{time.monotonic() - t0:.1f} s{old}")

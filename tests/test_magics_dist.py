@@ -156,8 +156,8 @@ def test_hang_report_shows_the_wait_for_graph_of_kernels_blocked_in_cl_wait(ip):
 
 
 def test_hang_report_shows_the_stack_of_a_rank_that_ignores_the_dump_signal(ip):
-    # SIGUSR1 brought no dump back from CUDA-world ranks on 2xH200; the watcher thread
-    # behind the rank's FIFO must then deliver the stack
+    # stacks come from the rank's agent thread through the world hub, not from a signal:
+    # a rank that ignores SIGUSR1 (as CUDA-world ranks on 2xH200 seemed to) still reports
     with pytest.raises(HangError) as ei:
         cell(ip, "import signal, time\nif rank == 0:\n"
                  "    signal.signal(signal.SIGUSR1, signal.SIG_IGN)\n    time.sleep(60)\n",

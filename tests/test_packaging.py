@@ -115,8 +115,7 @@ RANK = textwrap.dedent("""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    stacks = sys.argv[1]
-    info = _worker.join(0, 1, port, "cpu", 0, None, stacks, 60.0)
+    info = _worker.join(0, 1, "127.0.0.1", port, "cpu", 0, 1, None, 60.0)
     assert info["rank"] == 0 and info["backend"] == "cpu", info
     assert loaded() == [], ("_worker.join", loaded())
     _worker.leave()
@@ -126,6 +125,6 @@ RANK = textwrap.dedent("""
 
 def test_a_rank_never_imports_ipython(tmp_path):
     env = dict(os.environ, COMMLAB_BACKEND="cpu")
-    out = subprocess.run([sys.executable, "-c", RANK, str(tmp_path / "stacks.txt")],
+    out = subprocess.run([sys.executable, "-c", RANK],
                          cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]

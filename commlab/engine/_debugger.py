@@ -1,7 +1,7 @@
 """``breakpoint()`` on a rank: a Pdb whose terminal is the notebook.
 
 The rank's ``sys.breakpointhook`` opens a TCP connection to the client's relay
-(``commlab.engine._relay``, loopback only), proves it knows the world's token
+(``commlab.engine._relay``, on the world's address only), proves it knows the world's token
 (HMAC-SHA256 of a nonce the relay sends), then speaks JSON lines, never pickle:
 
     rank -> relay   {"out": "text"}        what Pdb printed

@@ -1,9 +1,10 @@
 """The client end of the rank debugger (see ``commlab.engine._debugger``).
 
-A thread accepts connections on 127.0.0.1, checks each one's HMAC over a fresh nonce,
-and turns JSON lines into events on a queue. Cheap to probe: at most ``MAX_PENDING``
-connections wait for their handshake at once (more are closed on accept), each for
-``HELLO_TIMEOUT`` seconds, so idle strangers cost a few threads, not one each.
+A thread accepts connections on the world's address (the hub's: 127.0.0.1 when every
+rank runs here, else the notebook's address toward the ranks), checks each one's HMAC
+over a fresh nonce, and turns JSON lines into events on a queue. Cheap to probe: at most
+``MAX_PENDING`` connections wait for their handshake at once (more are closed on accept),
+each for ``HELLO_TIMEOUT`` seconds, so idle strangers cost a few threads, not one each.
 The cell's wait loop (on the notebook's main thread) takes the events, prints Pdb's
 output labelled by rank and asks the user through the notebook's own ``input()``.
 """
@@ -24,10 +25,11 @@ HELLO_TIMEOUT = 2.0  # seconds a connection may take to prove it knows the token
 
 
 class Relay:
-    def __init__(self) -> None:
+    def __init__(self, host: str = "127.0.0.1") -> None:
         self.token = secrets.token_hex(32)
-        self.server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.server.bind(("127.0.0.1", 0))
+        self.server = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET,
+                                    socket.SOCK_STREAM)
+        self.server.bind((host, 0))
         self.server.listen(16)
         self.host, self.port = self.server.getsockname()
         self.events: queue.Queue = queue.Queue()  # (kind, rank, payload)

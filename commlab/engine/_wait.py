@@ -19,7 +19,6 @@ from typing import Any
 from commlab import _config
 from commlab.engine import _worker
 from commlab.engine._output import OutputMerger
-from commlab.engine._pids import alive
 from commlab.engine._report import (
     DistributedError,
     HangError,
@@ -50,6 +49,7 @@ class CellRun:
         self.md = {ri.rank: md for ri, md in zip(infos, ar._metadata, strict=True)}
         self.fut = {ri.rank: f for ri, f in zip(infos, ar._children, strict=True)}
         self.pid = {ri.rank: ri.pid for ri in infos}
+        self.info = {ri.rank: ri for ri in infos}
         self.timeout = timeout
         self.grace = GRACE_S if grace is None else grace
         self.cell_lines = code.splitlines() if code else None
@@ -161,11 +161,12 @@ class CellRun:
             self._recover(others)
 
     def _check_alive(self, running: set[int]) -> None:
-        dead = [r for r in sorted(running) if not alive(self.pid[r])]
+        dead = [r for r in sorted(running) if not self.world.rank_alive(self.info[r])]
         if not dead:
             return
         time.sleep(0.2)  # let the launcher reap them: exit codes
-        codes = [self.world.exit_code(self.pid[r]) for r in dead]
+        codes = [self.world.exit_code(self.pid[r]) if self.world.here(self.info[r]) else None
+                 for r in dead]
         why = ", ".join(f"rank {r} ({_exit_str(c)})" for r, c in zip(dead, codes, strict=True))
         self.world.broken = f"{ranks_str(dead)} died while running a cell"
         others = sorted(running - set(dead))
@@ -189,8 +190,8 @@ class CellRun:
         late = self.first_done is not None and now - self.first_done > self.grace
         if not (over or late):
             return
-        waits: dict[int, list] = {}
-        stacks = self.world.dump_stacks(sorted(running), waits)
+        stacks = self.world.dump_stacks(sorted(running))
+        waits: dict[int, list] = dict(self.world.last_waits)
         graph = wait_graph_text([n for r in sorted(waits) for n in waits[r]],
                                 len(self.world.ranks))
         parts, whole, in_commlab = [], [], bool(graph)
@@ -234,6 +235,13 @@ class CellRun:
         """Interrupt ``blocked``; restart those that do not stop; recover the world."""
         self.world.signal(blocked, signal.SIGINT)
         stuck = self._settle(blocked, INTERRUPT_WAIT_S)
+        if stuck and not self.world.can_replace:
+            self.world.kill(stuck)
+            self.world.broken = f"{ranks_str(stuck)} did not respond to an interrupt"
+            return (f"{ranks_str(blocked)} interrupted; {ranks_str(stuck)} did not respond "
+                    f"(blocked outside Python) and {'was' if len(stuck) == 1 else 'were'} "
+                    f"ended: a world on --launcher {self.world.plan.launcher} cannot start "
+                    f"one rank again alone; run %dist_restart.")
         if stuck:
             self.world.replace(stuck)
             return (f"{ranks_str(blocked)} interrupted; {ranks_str(stuck)} did not respond "

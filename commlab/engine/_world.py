@@ -1,10 +1,12 @@
 """A world of ranks for the notebook: ipyparallel engines, one per rank.
 
-The controller and the engines run on this machine through ipyparallel's local launcher
-(``Cluster``), spawned fresh (never forked) by ``commlab.engine._proc`` so each watches
-the notebook kernel and exits if it disappears. Control traffic is ipyparallel's
-HMAC-signed zmq messages on 127.0.0.1. Each engine joins as one rank
-(``_worker.join``: environment, ``commlab.init``), keeping its namespace across cells.
+The controller runs on this machine, the engines through one of ipyparallel's launchers
+(``_launch.plan_launch``: local, ssh, mpi, slurm), each spawned fresh by
+``commlab.engine._proc``, whose agent keeps a connection to the world's hub
+(``_hub.Hub``): stacks, interrupts, liveness, and the end of every engine when the
+notebook ends. Cells travel as ipyparallel's HMAC-signed zmq messages; both listen only
+on the plan's address (127.0.0.1 on one machine). Each engine joins as one rank
+(``_worker.join``), ranks of one host contiguous, keeping its namespace across cells.
 """
 
 from __future__ import annotations
@@ -12,21 +14,25 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
-import socket
 import tempfile
 import time
-from dataclasses import dataclass
 from typing import Any
-
-import psutil
 
 from commlab import _config
 from commlab.engine import _worker
-from commlab.engine._launch import end_engines, engine_launchers, launcher_pids, make_cluster
-from commlab.engine._pids import alive, end_pids
+from commlab.engine._control import RankControl, RankInfo
+from commlab.engine._hub import Agent, Hub
+from commlab.engine._launch import (
+    LaunchPlan,
+    engine_launchers,
+    launcher_pids,
+    make_cluster,
+    plan_launch,
+    remote_dir,
+)
+from commlab.engine._pids import end_pids
 from commlab.engine._relay import Relay
 from commlab.engine._report import ranks_str
-from commlab.engine._stacks import dump_stacks
 from commlab.engine._wait import CellRun, wait_all
 from commlab.errors import CommlabUsageError
 
@@ -34,26 +40,19 @@ _CURRENT: World | None = None
 _LAST: dict = {}  # start_world's arguments (n follows resizes), for restart_world
 
 
-@dataclass
-class RankInfo:
-    rank: int
-    eid: int  # ipyparallel engine id
-    pid: int
-    device: str
+def _grouped(hosts: list[str], order: list[str]) -> list[int]:
+    """Positions of ``hosts`` sorted so each host's are contiguous: hosts in ``order``
+    first (the --hosts order), then as first seen; stable within a host."""
+    rank = {h: i for i, h in enumerate(dict.fromkeys([*order, *hosts]))}
+    return sorted(range(len(hosts)), key=lambda i: rank[hosts[i]])
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class World:
+class World(RankControl):
     """The running world. ``size``, ``backend``, ``ranks``; ``apply`` runs a function on
     every rank; ``run_cell`` runs cell source (what ``%%distributed`` does)."""
 
     def __init__(self, n: int, backend: str = "auto", devices: list[int] | None = None,
-                 timeout: float | None = None):
+                 timeout: float | None = None, plan: LaunchPlan | None = None):
         if n < 1:
             raise CommlabUsageError(f"a world needs at least 1 rank, got -n {n}")
         if backend not in ("auto", "cpu", "cuda"):
@@ -67,12 +66,16 @@ class World:
         self.timeout = float(timeout if timeout is not None
                              else _config.get("COMMLAB_TIMEOUT"))
         self.n_wanted = n
+        self.plan = plan or LaunchPlan()
         self.ranks: list[RankInfo] = []
         self.backend = "?"
-        # ipyparallel's Cluster and Client, the debugger's Relay: made by start()
+        # ipyparallel's Cluster and Client, the debugger's Relay, the hub: made by start()
         self.cluster: Any = None
         self.client: Any = None
         self.relay: Any = None
+        self.hub: Any = None
+        self.agents: dict[int, Agent] = {}  # engine id -> its agent's connection
+        self.last_waits: dict[int, list] = {}  # rank -> its waits at the last stack dump
         self.stack_dir = ""
         self.broken = ""  # why the world cannot run cells (a rank died)
         self.closed = False
@@ -83,17 +86,20 @@ class World:
     def start(self, progress=None) -> World:
         """Start the controller and the engines, then join them; ``progress(done, total,
         what)`` is called as each step ends (total = n + 2: controller, engines, join)."""
-        self.relay = Relay()
-        # the world's private directory: stack dumps and ipyparallel's connection files
+        self.hub = Hub(self.plan.ip)
+        self.relay = Relay(self.plan.ip)
+        # the world's private directory: ipyparallel's connection files
         self.stack_dir = tempfile.mkdtemp(prefix="commlab-world-")
-        env = {"PYTHONUNBUFFERED": "1"}
+        env = {"PYTHONUNBUFFERED": "1", **self.hub.env()}
         if self.requested_backend == "cpu":
             env["COMMLAB_BACKEND"] = "cpu"
         if self.requested_backend != "cuda":
             env.setdefault("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
         self._engine_env = env
+        if _config.get("COMMLAB_WORLD_KEY"):
+            env["COMMLAB_WORLD_KEY"] = _config.get("COMMLAB_WORLD_KEY")
         self.cluster, self._log = make_cluster(os.path.basename(self.stack_dir),
-                                                self.stack_dir)
+                                                self.stack_dir, self.plan)
         self._progress = progress or (lambda done, total, what: None)
         atexit.register(self.stop)
         try:
@@ -127,18 +133,31 @@ class World:
                 up(now)
         return sorted(set(self.client.ids) - known)[:k]
 
-    def _join(self, eids: list[int]) -> None:
-        """Make engines ``eids`` ranks 0..len-1 of a fresh communicator."""
+    def _join(self, eids: list[int], group: bool = True) -> None:
+        """Make engines ``eids`` ranks 0..len-1 of a fresh communicator (with ``group``,
+        reordered so the ranks of one host are contiguous)."""
+        where = wait_all(self, [self.client[e].apply_async(_worker.where) for e in eids],
+                         what="reporting their hosts", limit=120)
+        for eid, (host, pid) in zip(eids, where, strict=True):
+            self.agents[eid] = self.hub.agent(host, pid)
+        if group:
+            order = _grouped([h for h, _ in where], [h for h, _ in self.plan.hosts])
+            eids, where = [eids[i] for i in order], [where[i] for i in order]
+        hosts = [h for h, _ in where]
         n = len(eids)
-        port = _free_port()
+        # rank 0 serves the bootstrap store on its address toward us, which the others reach
+        master = self.agents[eids[0]].addr or "127.0.0.1"
+        port = wait_all(self, [self.client[eids[0]].apply_async(_worker.free_port, master)],
+                        what="choosing the store's port", limit=60)[0]
         ars = []
         for r, eid in enumerate(eids):
-            dev = self.devices[r] if self.devices else r
+            local = [i for i, h in enumerate(hosts) if h == hosts[r]]
+            dev = self.devices[r] if self.devices else local.index(r)
             ars.append(self.client[eid].apply_async(
-                _worker.join, r, n, port, self.requested_backend, dev, self.relay.address,
-                os.path.join(self.stack_dir, f"engine-{eid}.txt"), self.timeout))
+                _worker.join, r, n, master, port, self.requested_backend, dev, len(local),
+                self.relay.address, self.timeout))
         infos = wait_all(self, ars, what="joining the world", limit=180)
-        self.ranks = [RankInfo(i["rank"], eid, i["pid"], i["device"])
+        self.ranks = [RankInfo(i["rank"], eid, i["pid"], i["device"], i["host"])
                       for i, eid in zip(infos, eids, strict=True)]
         self.backend = infos[0]["backend"]
         self.broken = ""
@@ -149,15 +168,14 @@ class World:
         if self.closed:
             return
         self.closed = True
-        pids = [ri.pid for ri in self.ranks] + self._launcher_pids()
+        pids = [ri.pid for ri in self.ranks if self.here(ri)] + self._launcher_pids()
         if self.client is not None and self.ranks and not self.broken:
             try:  # close the communicators first (the heap's shm is unlinked at init)
                 wait_all(self, [self.client[ri.eid].apply_async(_worker.leave)
                                 for ri in self.ranks], what="leaving the world", limit=10)
             except Exception:
                 pass
-        end_engines(self.client, [ri.eid for ri in self.ranks if alive(ri.pid)],
-                    [ri.pid for ri in self.ranks])
+        self._end_ranks(self.ranks)
         if self.cluster is not None:
             try:
                 self.cluster.stop_cluster_sync()
@@ -171,8 +189,11 @@ class World:
         end_pids(pids)
         if self.relay is not None:
             self.relay.close()
+        if self.hub is not None:
+            self.hub.close()  # an engine still running anywhere ends on this EOF
         if self.stack_dir:
             shutil.rmtree(self.stack_dir, ignore_errors=True)
+            shutil.rmtree(remote_dir(self.stack_dir), ignore_errors=True)
         try:
             atexit.unregister(self.stop)
         except Exception:
@@ -202,10 +223,24 @@ class World:
             raise CommlabUsageError(
                 f"%dist_resize {n}: only {len(self.devices)} devices were given with "
                 f"--devices {self.devices}; restart with more devices")
+        if n > self.size and self.plan.launcher != "local":
+            raise CommlabUsageError(
+                f"%dist_resize {n}: a world started with --launcher {self.plan.launcher} "
+                f"can shrink but not grow (a new engine would need a host); run "
+                f"%dist_start -n {n} --launcher {self.plan.launcher} with --hosts for {n}")
         self.check_usable()
         keep = self.ranks[:n]
-        self._rebuild(keep, drop=self.ranks[n:], add=max(0, n - self.size))
-        if _CURRENT is self and _LAST:
+        hosts = list(dict.fromkeys(ri.host for ri in self.ranks))
+        if len(hosts) > 1:  # every host keeps as many ranks (commlab.init needs it)
+            if n % len(hosts):
+                raise CommlabUsageError(
+                    f"%dist_resize {n}: the world spans {len(hosts)} hosts, which must keep "
+                    f"the same number of ranks each; give a multiple of {len(hosts)}")
+            keep = [ri for h in hosts for ri in [r for r in self.ranks if r.host == h]
+                    [:n // len(hosts)]]
+        drop = [ri for ri in self.ranks if ri not in keep]
+        self._rebuild(keep, drop=drop, add=max(0, n - self.size))
+        if _CURRENT is self and _LAST and self.plan.launcher == "local":
             _LAST["n"] = self.size
 
     def _rebuild(self, keep: list[RankInfo], drop: list[RankInfo], add: int) -> None:
@@ -217,15 +252,20 @@ class World:
         self._join([ri.eid for ri in keep] + new)
 
     def _drop(self, ranks: list[RankInfo]) -> None:
-        if not ranks:
-            return
-        end_engines(self.client, [ri.eid for ri in ranks], [ri.pid for ri in ranks])
+        if ranks:
+            self._end_ranks(ranks)
+
+    @property
+    def can_replace(self) -> bool:
+        """Whether a stuck rank can be started again alone (only where ranks run here:
+        another launcher would not know which host to put it on)."""
+        return self.plan.launcher == "local"
 
     def replace(self, stuck: list[int]) -> None:
-        """Kill ranks ``stuck`` (by pid) and start fresh engines in their place; every
-        rank re-joins a new communicator (the replaced ranks' namespaces are lost)."""
+        """Kill ranks ``stuck`` and start fresh engines in their place; every rank
+        re-joins a new communicator (the replaced ranks' namespaces are lost)."""
         by_rank = {ri.rank: ri for ri in self.ranks}
-        end_pids([by_rank[r].pid for r in stuck], grace=0.0)
+        self.kill(stuck)
         survivors = [ri for ri in self.ranks if ri.rank not in stuck]
         if survivors:
             wait_all(self, [self.client[ri.eid].apply_async(_worker.leave)
@@ -234,13 +274,9 @@ class World:
         order, it = [], iter(new)
         for r in range(self.size):  # replaced ranks keep their rank numbers
             order.append(next(it) if r in stuck else by_rank[r].eid)
-        self._join(order)
+        self._join(order, group=False)
 
     # -- running --------------------------------------------------------------------------
-    @property
-    def size(self) -> int:
-        return len(self.ranks)
-
     def check_usable(self) -> None:
         if self.closed:
             raise CommlabUsageError("this world was stopped: run %dist_start -n N")
@@ -297,20 +333,6 @@ class World:
                                for ri in infos], what=f"pulling {name}", limit=120)
         return vals[0] if rank is not None else vals
 
-    def signal(self, ranks: list[int], sig: int) -> None:
-        """Send ``sig`` to the engines of ``ranks``, by pid (our own child processes)."""
-        for ri in self.ranks:
-            if ri.rank in ranks:
-                try:
-                    os.kill(ri.pid, sig)
-                except ProcessLookupError:
-                    pass
-
-    def dump_stacks(self, ranks: list[int], waits: dict | None = None) -> dict[int, str]:
-        """Each rank's Python stack (all threads), via faulthandler on SIGUSR1: works even
-        when the rank is blocked in C; ``waits`` gets each rank's blocked kernel waits."""
-        return dump_stacks(self, ranks, waits)
-
     def exit_code(self, pid: int) -> int | None:
         """The exit status of a dead engine (negative: killed by that signal)."""
         deadline = time.monotonic() + 2.0  # the launcher's thread reaps it
@@ -322,20 +344,6 @@ class World:
             if time.monotonic() > deadline:
                 return None
             time.sleep(0.05)
-
-    def status(self) -> str:
-        lines = [f"world of {self.size} ranks, backend {self.backend}"
-                 + (f"  [BROKEN: {self.broken}]" if self.broken else "")]
-        for ri in self.ranks:
-            up = alive(ri.pid)
-            busy = bool(self.client.queue_status(targets=ri.eid).get("queue", 0)) if up \
-                else False
-            mem = psutil.Process(ri.pid).memory_info().rss / 2**20 if up else 0
-            lines.append(f"  rank {ri.rank}: engine {ri.eid}, pid {ri.pid}, {ri.device}, "
-                         f"{'alive' if up else 'DEAD'}{', busy' if busy else ''}, "
-                         f"{mem:.0f} MiB")
-        return "\n".join(lines)
-
 
 def current_world() -> World:
     """The running world; raises a clear error when there is none."""
@@ -350,20 +358,25 @@ def world_or_none() -> World | None:
 
 
 def start_world(n: int, backend: str = "auto", devices: list[int] | None = None,
-                timeout: float | None = None, progress=None) -> World:
+                timeout: float | None = None, progress=None, launcher: str = "local",
+                hosts: str | list | None = None, ip: str | None = None) -> World:
     """Start a world of ``n`` ranks (stopping the current one) and make it current.
-    ``World.replaced`` is the size of the world it stopped (0: none ran); ``progress``
-    as in ``World.start``."""
+    ``launcher`` (local, ssh, mpi, slurm), ``hosts`` ("h0:2,h1:2" or "h0,h1") and ``ip``
+    (the address ranks reach this machine on) are checked before anything stops or
+    starts. ``World.replaced`` is the size of the world it stopped (0: none ran);
+    ``progress`` as in ``World.start``."""
     global _CURRENT
+    plan = plan_launch(n, launcher, hosts, ip)
     replaced = 0
     if _CURRENT is not None and not _CURRENT.closed:
         replaced = _CURRENT.size
         _CURRENT.stop()
-    w = World(n, backend, devices, timeout).start(progress)
+    w = World(n, backend, devices, timeout, plan).start(progress)
     w.replaced = replaced
     _CURRENT = w
     _LAST.clear()
-    _LAST.update(n=n, backend=backend, devices=devices, timeout=timeout)
+    _LAST.update(n=n, backend=backend, devices=devices, timeout=timeout, launcher=launcher,
+                 hosts=hosts, ip=ip)
     return w
 
 
@@ -382,6 +395,6 @@ def restart_world(progress=None) -> World:
     if not _LAST:
         raise CommlabUsageError("no world was started here: run %dist_start -n N first")
     last = dict(_LAST)
-    if _CURRENT is not None:
-        last["n"] = _CURRENT.size or last["n"]
+    if _CURRENT is not None and last.get("launcher", "local") == "local":
+        last["n"] = _CURRENT.size or last["n"]  # hosts' counts stay as --hosts gave them
     return start_world(**last, progress=progress)
