@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pytest
 
+pytest.importorskip("IPython", reason="the notebook extras are not installed")
+
 from commlab.errors import CommlabUsageError
 from tests import _hosts
 from tests.engine_helpers import alive
