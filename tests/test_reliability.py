@@ -100,7 +100,8 @@ def test_200_idle_connections_to_the_debugger_relay_start_few_threads_and_a_rank
     import socket
     import threading
 
-    from commlab.engine._relay import HELLO_TIMEOUT, MAX_PENDING, Relay
+    from commlab.engine._listener import MAX_PENDING
+    from commlab.engine._relay import HELLO_TIMEOUT, Relay
 
     before = threading.active_count()
     relay = Relay()

@@ -14,22 +14,16 @@ connections wait for their handshake at once, each for ``HELLO_TIMEOUT`` seconds
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import itertools
 import json
-import secrets
 import socket
 import threading
 import time
 
+from commlab.engine._listener import TokenListener, mac
+
 MAX_LINE = 1 << 22  # a stack dump of many threads is a few hundred KiB at most
-MAX_PENDING = 8
 HELLO_TIMEOUT = 5.0
-
-
-def _mac(token: str, text: str) -> str:
-    return hmac.new(token.encode(), text.encode(), hashlib.sha256).hexdigest()
 
 
 class Agent:
@@ -95,61 +89,27 @@ class Agent:
         self.sock.close()
 
 
-class Hub:
+class Hub(TokenListener):
+    hello_timeout = HELLO_TIMEOUT
+
     def __init__(self, host: str = "127.0.0.1"):
-        self.token = secrets.token_hex(32)
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self.server = socket.socket(family, socket.SOCK_STREAM)
-        self.server.bind((host, 0))
-        self.server.listen(64)
-        self.host, self.port = self.server.getsockname()[:2]
         self.agents: dict[tuple[str, int], Agent] = {}
-        self.rejected = 0
-        self._pending = 0
-        self._lock = threading.Lock()
-        self._closed = False
-        threading.Thread(target=self._accept, daemon=True, name="commlab-hub").start()
+        self._listen(host, 64, "commlab-hub")
 
     def env(self) -> dict[str, str]:
         """What an engine needs to reach us (its launcher passes it in the environment)."""
         return {"CL_ENGINE_HUB": f"{self.host}:{self.port}", "CL_ENGINE_TOKEN": self.token}
 
-    def _accept(self) -> None:
-        while not self._closed:
-            try:
-                conn, _ = self.server.accept()
-            except OSError:
-                return
-            with self._lock:
-                full = self._pending >= MAX_PENDING
-                self._pending += not full
-            if full:
-                self.rejected += 1
-                conn.close()
-                continue
-            threading.Thread(target=self._hello, args=(conn,), daemon=True).start()
-
-    def _hello(self, conn: socket.socket) -> None:
+    def _serve(self, conn: socket.socket) -> None:
         rfile = conn.makefile("rb")
-        agent = None
         try:
-            nonce = secrets.token_hex(16)
-            conn.settimeout(HELLO_TIMEOUT)
-            conn.sendall(json.dumps({"nonce": nonce}).encode() + b"\n")
-            hello = json.loads(rfile.readline(4096) or b"{}")
-            if not hmac.compare_digest(str(hello.get("mac", "")), _mac(self.token, nonce)):
-                raise ValueError("wrong token")
-            conn.sendall(json.dumps({"mac": _mac(self.token, "hub:" + str(hello["nonce"]))})
+            hello = self._greet(conn, rfile)
+            conn.sendall(json.dumps({"mac": mac(self.token, "hub:" + str(hello["nonce"]))})
                          .encode() + b"\n")
             conn.settimeout(None)
             conn.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
             agent = Agent(conn, rfile, hello)
         except (OSError, ValueError, KeyError, TypeError, AttributeError):  # a stranger
-            self.rejected += 1
-        finally:
-            with self._lock:
-                self._pending -= 1
-        if agent is None:
             rfile.close()
             conn.close()
             return
@@ -176,8 +136,7 @@ class Hub:
                 for a, m in zip(agents, mids, strict=True)]
 
     def close(self) -> None:
-        self._closed = True
-        self.server.close()
+        self._stop()
         with self._lock:
             agents = list(self.agents.values())
         for a in agents:

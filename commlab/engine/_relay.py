@@ -11,71 +11,34 @@ output labelled by rank and asks the user through the notebook's own ``input()``
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import queue
-import secrets
 import socket
-import threading
+
+from commlab.engine._listener import TokenListener
 
 MAX_LINE = 1 << 20
-MAX_PENDING = 8  # handshakes in progress at once; a rank's handshake takes milliseconds
 HELLO_TIMEOUT = 2.0  # seconds a connection may take to prove it knows the token
 
 
-class Relay:
+class Relay(TokenListener):
+    hello_timeout = HELLO_TIMEOUT
+
     def __init__(self, host: str = "127.0.0.1") -> None:
-        self.token = secrets.token_hex(32)
-        self.server = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET,
-                                    socket.SOCK_STREAM)
-        self.server.bind((host, 0))
-        self.server.listen(16)
-        self.host, self.port = self.server.getsockname()
         self.events: queue.Queue = queue.Queue()  # (kind, rank, payload)
         self.conns: dict[int, socket.socket] = {}
         self.active: set[int] = set()  # ranks with an open debugger session
-        self.rejected = 0
-        self._pending = 0  # connections not yet authenticated
-        self._lock = threading.Lock()
-        self._closed = False
-        threading.Thread(target=self._accept, daemon=True, name="commlab-pdb-relay").start()
+        self._listen(host, 16, "commlab-pdb-relay")
 
     @property
     def address(self) -> tuple[str, int, str]:
         return (self.host, self.port, self.token)
 
-    def _accept(self) -> None:
-        while not self._closed:
-            try:
-                conn, _ = self.server.accept()
-            except OSError:
-                return
-            with self._lock:
-                full = self._pending >= MAX_PENDING
-                self._pending += not full
-            if full:
-                self.rejected += 1
-                conn.close()
-                continue
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
-
     def _serve(self, conn: socket.socket) -> None:
         rfile = conn.makefile("rb")
         rank = None
-        pending = True
         try:
-            nonce = secrets.token_hex(16)
-            conn.settimeout(HELLO_TIMEOUT)
-            conn.sendall(json.dumps({"nonce": nonce}).encode() + b"\n")
-            hello = json.loads(rfile.readline(4096) or b"{}")
-            want = hmac.new(self.token.encode(), nonce.encode(), hashlib.sha256).hexdigest()
-            if not hmac.compare_digest(str(hello.get("mac", "")), want):
-                self.rejected += 1
-                return
-            with self._lock:
-                self._pending -= 1
-                pending = False
+            hello = self._greet(conn, rfile)
             conn.settimeout(None)
             rank = int(hello["rank"])
             with self._lock:
@@ -96,8 +59,6 @@ class Relay:
         except (OSError, ValueError, KeyError, TypeError, AttributeError):  # a stranger
             pass
         finally:
-            with self._lock:
-                self._pending -= pending
             if rank is not None:
                 with self._lock:
                     self.conns.pop(rank, None)
@@ -115,8 +76,7 @@ class Relay:
                 pass
 
     def close(self) -> None:
-        self._closed = True
-        self.server.close()
+        self._stop()
         with self._lock:
             for c in self.conns.values():
                 try:
