@@ -20,7 +20,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -110,19 +109,10 @@ def main() -> None:
     sizes = [parse_size(s) for s in args.sizes]
     if args.worker:
         return _worker(args.worker, sizes, args.reps)
+    from bench._hosts_world import run_on_two_hosts
     from commlab.bench._records import Record
-    from tests import _hosts
 
-    env = {"COMMLAB_BACKEND": "cpu", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    with tempfile.TemporaryDirectory() as out, _hosts.simulated_hosts(2) as hosts:
-        procs = [h.popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
-                          "--node-rank", str(i), "--nproc-per-node", "2", "--master-addr",
-                          hosts[0].addr, "--master-port", "29400", __file__, "--worker",
-                          out, "--reps", str(args.reps), "--sizes", *args.sizes],
-                         env=env, cwd=ROOT) for i, h in enumerate(hosts)]
-        if any(p.wait() != 0 for p in procs):
-            raise SystemExit("the benchmark world failed (its output is above)")
-        raw = json.loads(Path(out, "records.json").read_text())
+    raw = run_on_two_hosts(__file__, ["--reps", str(args.reps), "--sizes", *args.sizes])
     commit = git_commit(ROOT)
     device = f"cpu ({os.cpu_count()} cores), 2 simulated hosts x 2 ranks, gloo over veth"
     records = [Record.measured(op="all_reduce", impl=r["impl"], dtype="float32",
