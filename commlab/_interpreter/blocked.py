@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import sys
 import threading
 import time
@@ -26,16 +27,21 @@ _SKIP = (os.sep + "triton" + os.sep, os.sep + "numpy" + os.sep,
          os.sep + os.path.join("commlab", "language.py"))
 _POLLS: dict = {}  # thread id -> [key, since, registered]
 _BLOCKED: dict = {}  # thread id -> the registered wait (a JSON-able dict)
+# a notebook cell's file (ipykernel's temp file, or older IPython's input name)
+CELL_FILE = re.compile(r"(ipykernel_\d+/\d+\.py|<ipython-input-[\d-]+>)")
 
 
 def kernel_line() -> str:
     """``file:LINE`` of the innermost frame that is kernel code (not Triton, not the
-    device language's helpers, not commlab's checkers); the language's line if none."""
+    device language's helpers, not commlab's checkers; "line L of the cell" for a
+    notebook cell); the language's line if none."""
     f: FrameType | None = sys._getframe(1)
     first = None
     while f is not None:
         name = f.f_code.co_filename
         if not any(s in name for s in _SKIP) and not name.startswith("<frozen"):
+            if CELL_FILE.search(name):  # a notebook cell: its temp file's name means nothing
+                return f"line {f.f_lineno} of the cell"
             return f"{os.path.basename(name)}:{f.f_lineno}"
         if first is None and name.endswith("language.py"):
             first = f"{os.path.basename(name)}:{f.f_lineno}"

@@ -6,10 +6,10 @@ from __future__ import annotations
 import re
 
 import commlab.errors as errors
+from commlab._interpreter.blocked import CELL_FILE
 from commlab.errors import CommlabError, is_internal
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_CELL_FILE = re.compile(r"(ipykernel_\d+/\d+\.py|<ipython-input-[\d-]+>)")
 _TB_FRAME = re.compile(r"^(Cell In\[(?P<n>\d+)\], line \d+|File (?P<file>.+?):\d+, in |"
                        r"Input In \[\d+\])")
 _ARROW = re.compile(r"^-+> ")
@@ -164,7 +164,7 @@ def _is_commlab(path: str) -> bool:
 def _relevant_thread(threads):
     """The thread running the cell: it has a cell frame or a commlab frame."""
     for frames in threads:
-        if any(_CELL_FILE.search(f) or _is_commlab(f) for f, _, _ in frames):
+        if any(CELL_FILE.search(f) or _is_commlab(f) for f, _, _ in frames):
             return frames
     return threads[0] if threads else []
 
@@ -174,7 +174,7 @@ def describe_stack(rank: int, dump: str, cell_lines: list[str] | None = None,
     """One blocked rank's part of a hang report, and whether it waits inside commlab.
     Frames below the commlab call the cell made are counted, not shown, unless ``full``."""
     frames = list(reversed(_relevant_thread(parse_dump(dump))))  # oldest first
-    start = next((i for i, (f, _, _) in enumerate(frames) if _CELL_FILE.search(f)), 0)
+    start = next((i for i, (f, _, _) in enumerate(frames) if CELL_FILE.search(f)), 0)
     frames = frames[start:]
     # the outermost commlab frame names the call, past the wrapper that publishes local
     # errors (runtime/_publish.py: its frame is named "call")
@@ -203,7 +203,7 @@ def describe_stack(rank: int, dump: str, cell_lines: list[str] | None = None,
         cut = next(i for i, (f, _, _) in enumerate(frames) if _is_commlab(f)) + 1
         hidden, frames = len(frames) - cut, frames[:cut]
     for f, ln, fn in frames:
-        if _CELL_FILE.search(f):
+        if CELL_FILE.search(f):
             src = ""
             if cell_lines is not None and fn == "<module>" and 0 < ln <= len(cell_lines):
                 src = cell_lines[ln - 1].strip()
