@@ -104,11 +104,11 @@ class DistMagics(Magics):
         Beyond one machine, ``--launcher ssh --hosts node0:2,node1:2`` starts the engines
         over ssh (your ssh config applies; ``$COMMLAB_SSH_ARGS`` adds arguments),
         ``--launcher mpi`` through ``mpirun --host`` (the connection info travels in the
-        environment; tested on hosts sharing one filesystem), ``--launcher slurm`` through ``sbatch``/``srun``
-        (with ``--ip``). Every rank's output, errors, Ctrl-C, hang reports and the
-        debugger work the same; a rank whose notebook is gone ends itself. The hosts need
-        this Python environment at the same path, and one ``COMMLAB_WORLD_KEY`` where
-        they do not share a home directory.
+        environment; tested on hosts sharing one filesystem), ``--launcher slurm`` through
+        ``sbatch``/``srun`` (with ``--ip``). Every rank's output, errors, Ctrl-C, hang
+        reports and the debugger work the same; a rank whose notebook is gone ends itself.
+        The hosts need this Python environment at the same path, and one
+        ``COMMLAB_WORLD_KEY`` where they do not share a home directory.
         """
         from commlab.engine import start_world
 
