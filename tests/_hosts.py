@@ -144,3 +144,32 @@ def simulated_hosts(n: int):
         for ns in reversed(made):
             _ip("netns", "del", ns, check=False)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def torchrun_world(target: list[str], env: dict[str, str], log_dir: str, nhosts: int = 2,
+                   per_host: int = 2, timeout: float = 300.0, port: int = 29400,
+                   cwd: str | None = None) -> tuple[bool, str]:
+    """``torchrun ... target`` on ``nhosts`` fresh simulated hosts x ``per_host`` ranks
+    (``target``: ``["-m", module, args...]`` or a script and its args); waits up to
+    ``timeout`` s. Returns whether every host's torchrun exited 0, and the tail of each
+    host's output (logs kept in ``log_dir``) for a failure message."""
+    import sys
+    import time
+
+    with simulated_hosts(nhosts) as hosts:
+        logs = [open(os.path.join(log_dir, f"node{i}.log"), "w+") for i in range(nhosts)]
+        procs = [h.popen([sys.executable, "-m", "torch.distributed.run", "--nnodes",
+                          str(nhosts), "--node-rank", str(i), "--nproc-per-node",
+                          str(per_host), "--master-addr", hosts[0].addr, "--master-port",
+                          str(port), "--max-restarts", "0", *target],
+                         env=env, cwd=cwd, stdout=logs[i], stderr=subprocess.STDOUT)
+                 for i, h in enumerate(hosts)]
+        deadline = time.monotonic() + timeout
+        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        text = ""
+        for i, f in enumerate(logs):
+            f.seek(0)
+            text += f"--- host {i} (exit {procs[i].poll()}) ---\n{f.read()[-6000:]}\n"
+            f.close()
+        return all(p.poll() == 0 for p in procs), text

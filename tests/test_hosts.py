@@ -10,10 +10,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -25,13 +22,6 @@ ROOT = Path(__file__).resolve().parent.parent
 HOSTS, PER_HOST = 2, 2
 
 
-def _torchrun(host: _hosts.Host, node: int, master: str, port: int, out: str) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(HOSTS),
-            "--node-rank", str(node), "--nproc-per-node", str(PER_HOST),
-            "--master-addr", master, "--master-port", str(port), "--max-restarts", "0",
-            "-m", "tests.worlds.hosts", out]
-
-
 @pytest.fixture(scope="module")
 def results():
     why = _hosts.unavailable()
@@ -40,21 +30,11 @@ def results():
     seed = int(os.environ.get("COMMLAB_TEST_SEED") or secrets.randbelow(1 << 30))
     env = {"COMMLAB_BACKEND": "cpu", "OMP_NUM_THREADS": "1", "COMMLAB_TIMEOUT": "60",
            "COMMLAB_TEST_SEED": str(seed), "PYTHONPATH": str(ROOT)}
-    with tempfile.TemporaryDirectory() as out, _hosts.simulated_hosts(HOSTS) as hosts:
-        logs = [open(os.path.join(out, f"node{i}.log"), "w+") for i in range(HOSTS)]
-        procs = [h.popen(_torchrun(h, i, hosts[0].addr, 29400, out), env=env, cwd=ROOT,
-                         stdout=logs[i], stderr=subprocess.STDOUT)
-                 for i, h in enumerate(hosts)]
-        deadline = time.monotonic() + 300
-        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        text = ""
-        for i, f in enumerate(logs):
-            f.seek(0)
-            text += f"--- host {i} (exit {procs[i].poll()}) ---\n{f.read()[-6000:]}\n"
-            f.close()
+    with tempfile.TemporaryDirectory() as out:
+        ok, text = _hosts.torchrun_world(["-m", "tests.worlds.hosts", out], env, out,
+                                         HOSTS, PER_HOST, timeout=300, cwd=str(ROOT))
         files = sorted(Path(out).glob("rank*.json"))
-        if len(files) != HOSTS * PER_HOST or any(p.poll() != 0 for p in procs):
+        if len(files) != HOSTS * PER_HOST or not ok:
             pytest.fail(f"seed={seed}: the world across hosts did not finish:\n{text}",
                         pytrace=False)
         return [json.loads(f.read_text()) for f in files]

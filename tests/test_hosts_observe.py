@@ -7,11 +7,7 @@ Needs root (CI runs as root); skipped with the reason elsewhere.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -32,24 +28,11 @@ def results():
         pytest.skip(why)
     env = {"COMMLAB_BACKEND": "cpu", "OMP_NUM_THREADS": "1", "COMMLAB_TIMEOUT": "60",
            "PYTHONPATH": str(ROOT)}
-    with tempfile.TemporaryDirectory() as out, _hosts.simulated_hosts(HOSTS) as hosts:
-        logs = [open(os.path.join(out, f"node{i}.log"), "w+") for i in range(HOSTS)]
-        procs = [h.popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", str(HOSTS),
-                          "--node-rank", str(i), "--nproc-per-node", str(PER_HOST),
-                          "--master-addr", hosts[0].addr, "--master-port", "29400",
-                          "--max-restarts", "0", "-m", "tests.worlds.hosts_observe", out],
-                         env=env, cwd=ROOT, stdout=logs[i], stderr=subprocess.STDOUT)
-                 for i, h in enumerate(hosts)]
-        deadline = time.monotonic() + 240
-        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        text = ""
-        for i, f in enumerate(logs):
-            f.seek(0)
-            text += f"--- host {i} (exit {procs[i].poll()}) ---\n{f.read()[-6000:]}\n"
-            f.close()
+    with tempfile.TemporaryDirectory() as out:
+        ok, text = _hosts.torchrun_world(["-m", "tests.worlds.hosts_observe", out], env, out,
+                                         HOSTS, PER_HOST, timeout=240, cwd=str(ROOT))
         files = sorted(Path(out).glob("rank*.json"))
-        if len(files) != HOSTS * PER_HOST or any(p.poll() != 0 for p in procs):
+        if len(files) != HOSTS * PER_HOST or not ok:
             pytest.fail(f"the observed world across hosts did not finish:\n{text}",
                         pytrace=False)
         return [json.loads(f.read_text()) for f in files]

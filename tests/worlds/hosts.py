@@ -175,15 +175,21 @@ def hosts_world(comm, seed: int, hosts=((0, 1), (2, 3))) -> dict:
     return checks.result()
 
 
-def main(out_dir: str) -> None:
-    comm = commlab.init()
-    result = hosts_world(comm, int(os.environ.get("COMMLAB_TEST_SEED") or 1))
-    result["hostname"] = os.uname().nodename
+def save_and_finish(comm, out_dir: str, result: dict) -> None:
+    """This rank's result as ``out_dir/rank<R>.json`` (what the test reads), then the
+    world's end: commlab's, then torch.distributed's."""
     with open(os.path.join(out_dir, f"rank{comm.rank}.json"), "w") as f:
         json.dump(result, f)
     commlab.finalize()
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def main(out_dir: str) -> None:
+    comm = commlab.init()
+    result = hosts_world(comm, int(os.environ.get("COMMLAB_TEST_SEED") or 1))
+    result["hostname"] = os.uname().nodename
+    save_and_finish(comm, out_dir, result)
 
 
 if __name__ == "__main__":

@@ -8,12 +8,9 @@ OUT_DIR/rank<N>.json with what it got.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
-
-import torch.distributed as dist
 
 import commlab
 from commlab import costmodel, topology
@@ -36,13 +33,10 @@ def observe(comm) -> dict:
 
 
 def main(out_dir: str) -> None:
+    from tests.worlds.hosts import save_and_finish
+
     comm = commlab.init()
-    result = observe(comm)
-    with open(os.path.join(out_dir, f"rank{comm.rank}.json"), "w") as f:
-        json.dump(result, f)
-    commlab.finalize()
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    save_and_finish(comm, out_dir, observe(comm))
 
 
 if __name__ == "__main__":
