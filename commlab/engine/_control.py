@@ -34,7 +34,6 @@ class RankControl:
     client: Any
     backend: str
     broken: str
-    last_waits: dict[int, list]
 
     @property
     def size(self) -> int:
@@ -81,19 +80,19 @@ class RankControl:
         _, agents = self._agents(ranks)
         self.hub.ask(agents, "signal", timeout=2.0, sig=int(sig))
 
-    def dump_stacks(self, ranks: list[int]) -> dict[int, str]:
-        """Each rank's Python stack (all threads, faulthandler's format), from its agent's
-        thread: needs the rank's main thread to let go of the GIL, which sleeping, waiting
-        at a commlab agreement or on the GPU all do. The rank's blocked waits
-        (``_worker.current_waits``) land in ``last_waits``."""
+    def dump_stacks(self, ranks: list[int]) -> tuple[dict[int, str], dict[int, list]]:
+        """Each rank's Python stack (all threads, faulthandler's format) and its kernels'
+        blocked waits (``_worker.current_waits``), from its agent's thread: needs the
+        rank's main thread to let go of the GIL, which sleeping, waiting at a commlab
+        agreement or on the GPU all do."""
         order, agents = self._agents(ranks)
         replies = self.hub.ask(agents, "stacks", timeout=3.0)
-        out: dict[int, str] = {}
-        self.last_waits = {}
+        stacks: dict[int, str] = {}
+        waits: dict[int, list] = {}
         for r, reply in zip(order, replies, strict=True):
-            out[r] = str((reply or {}).get("stacks", ""))
-            self.last_waits[r] = list((reply or {}).get("waits") or [])
-        return out
+            stacks[r] = str((reply or {}).get("stacks", ""))
+            waits[r] = list((reply or {}).get("waits") or [])
+        return stacks, waits
 
     def status(self) -> str:
         lines = [f"world of {self.size} ranks, backend {self.backend}"

@@ -190,8 +190,7 @@ class CellRun:
         late = self.first_done is not None and now - self.first_done > self.grace
         if not (over or late):
             return
-        stacks = self.world.dump_stacks(sorted(running))
-        waits: dict[int, list] = dict(self.world.last_waits)
+        stacks, waits = self.world.dump_stacks(sorted(running))
         graph = wait_graph_text([n for r in sorted(waits) for n in waits[r]],
                                 len(self.world.ranks))
         parts, whole, in_commlab = [], [], bool(graph)

@@ -75,7 +75,6 @@ class World(RankControl):
         self.relay: Any = None
         self.hub: Any = None
         self.agents: dict[int, Agent] = {}  # engine id -> its agent's connection
-        self.last_waits: dict[int, list] = {}  # rank -> its waits at the last stack dump
         self.stack_dir = ""
         self.broken = ""  # why the world cannot run cells (a rank died)
         self.closed = False
