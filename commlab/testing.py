@@ -38,6 +38,26 @@ class WorldError(RuntimeError):
 
 
 def free_port() -> int:
+    """A free port for a world's store, below the kernel's ephemeral range: a port the
+    kernel hands out (bind to 0, or any outgoing connection) can be taken again by another
+    process between this check and rank 0's bind; one below that range only by another
+    explicit pick."""
+    import random
+
+    low = 32768
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        pass
+    for _ in range(64):
+        port = random.randrange(10000, low) if low > 11000 else 0
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return s.getsockname()[1]
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
