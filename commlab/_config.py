@@ -62,6 +62,17 @@ VARS: dict[str, Var] = {v.name: v for v in (
     Var("COMMLAB_SCRATCH_SIZE", None, parse_size,
         "the heap's scratch region (collectives' inboxes); default 16MiB on cpu, 4GiB on "
         "cuda, at most half the heap (`init(scratch_size=)` overrides)", "commlab.runtime"),
+    Var("COMMLAB_HEAP", "auto", str.lower,
+        "the cuda heap: `auto` (torch's symmetric memory when every rank of a host has its "
+        "own GPU, the CUDA IPC heap when ranks share one), `symmetric` or `ipc`",
+        "commlab.runtime"),
+    Var("COMMLAB_DEVICE", None, int,
+        "the GPU index this rank uses (default `LOCAL_RANK % device_count`, so ranks beyond "
+        "the GPU count share them); `%dist_start --devices` sets it per rank",
+        "commlab.runtime"),
+    Var("COMMLAB_IPC_CLOSE_WAIT", "10", float,
+        "seconds a closing IPC heap waits for peers to unmap it before freeing (a peer that "
+        "never does leaves it to this process's exit)", "commlab.runtime"),
     Var("COMMLAB_HOSTS", None, str,
         "splits the probed hosts of a world (tests on one machine): `2` = hosts of two "
         "ranks in rank order, `0,1;2,3` = named; may only split ranks that share memory",

@@ -70,10 +70,11 @@ class DistMagics(Magics):
     @magic_arguments()
     @argument("-n", type=int, required=True, metavar="N", help="number of ranks")
     @argument("--backend", choices=["auto", "cpu", "cuda"], default="auto",
-              help="cpu: Triton's interpreter, ranks share memory; cuda: one GPU per rank; "
-                   "auto: cuda when every rank has a GPU")
+              help="cpu: Triton's interpreter, ranks share memory; cuda: compiled on the "
+                   "GPUs (more ranks than GPUs share them); auto: cuda when there is a GPU")
     @argument("--devices", type=rank_list, default=None, metavar="0,1",
-              help="GPU index for each rank, in rank order (default: rank r uses GPU r)")
+              help="GPU index for each rank, in rank order (default: rank r uses GPU r "
+                   "modulo the GPU count; 0,0,0,0 puts four ranks on GPU 0)")
     @argument("--launcher", default="local", metavar="local|ssh|mpi|slurm",
               help="how engines start: local (this machine), ssh (on --hosts), mpi "
                    "(mpirun, on --hosts or here), slurm (sbatch + srun)")
@@ -196,9 +197,12 @@ class DistMagics(Magics):
         Example::
 
             In [5]: %dist_status
-            world of 2 ranks, backend cpu
-              rank 0: engine 0, pid 4242, cpu, alive, 412 MiB
-              rank 1: engine 1, pid 4243, cpu, alive, 409 MiB
+            world of 2 ranks, backend cpu, shm heap
+              rank 0: myhost, engine 0, pid 4242, cpu, alive, 412 MiB
+              rank 1: myhost, engine 1, pid 4243, cpu, alive, 409 MiB
+
+        On one GPU (``%dist_start -n 4``) the heap is ``ipc`` and a line under the first
+        says that the 4 ranks share one GPU and timings are not representative.
         """
         print(_world().status())
 
@@ -309,3 +313,5 @@ def _started(w, t0: float) -> None:
     on = f" on {hosts} hosts" if hosts > 1 else ""
     print(f"world of {w.size} ranks{on} started (backend {w.backend}) in "
           f"{time.monotonic() - t0:.1f} s{old}")
+    if w.ranks and w.ranks[0].shared_gpu:
+        print(w.ranks[0].shared_gpu)

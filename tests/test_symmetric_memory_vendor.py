@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from commlab.errors import CommlabUsageError
-from commlab.runtime.communicator import symmetric_memory
+from commlab.runtime._heaps import symmetric_memory
 
 MOD = "torch.distributed._symmetric_memory"
 

@@ -24,6 +24,8 @@ class RankInfo:
     pid: int
     device: str
     host: str = ""  # the engine's hostname
+    heap: str = ""  # "shm" | "symmetric" | "ipc" (comm.heap_kind)
+    shared_gpu: str = ""  # comm.shared_gpu: which ranks share a GPU, or ""
 
 
 class RankControl:
@@ -95,8 +97,12 @@ class RankControl:
         return stacks, waits
 
     def status(self) -> str:
+        heap = self.ranks[0].heap if self.ranks else ""
         lines = [f"world of {self.size} ranks, backend {self.backend}"
+                 + (f", {heap} heap" if heap else "")
                  + (f"  [BROKEN: {self.broken}]" if self.broken else "")]
+        if self.ranks and self.ranks[0].shared_gpu:
+            lines.append(f"  {self.ranks[0].shared_gpu}")
         _, agents = self._agents([ri.rank for ri in self.ranks])
         infos = self.hub.ask(agents, "info", timeout=2.0)
         for ri, info in zip(self.ranks, infos, strict=True):

@@ -20,21 +20,28 @@ import commlab.language as cl
 from commlab.engine import _debugger
 
 
-def join(rank: int, world_size: int, master: str, port: int, backend: str, device: int,
-         local_size: int, relay: tuple[str, int, str] | None, timeout: float) -> dict:
+def join(rank: int, world_size: int, master: str, port: int, backend: str,
+         local_rank: int, local_size: int, relay: tuple[str, int, str] | None,
+         timeout: float, device: int | None = None) -> dict:
     """Become ``rank`` of a world of ``world_size`` whose rank 0 serves the bootstrap
-    store on ``master:port``: environment, debugger hook, then ``commlab.init``. Returns
+    store on ``master:port``: environment, debugger hook, then ``commlab.init``. ``device``
+    is the GPU given with ``--devices`` (else ``local_rank`` modulo the GPU count). Returns
     what the client shows in ``%dist_status``. Stack dumps and interrupts come through
     the engine's agent (``commlab.engine._proc``), which needs nothing from here."""
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(device),
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(local_rank),
                       LOCAL_WORLD_SIZE=str(local_size), MASTER_ADDR=master,
                       MASTER_PORT=str(port))
+    if device is None:
+        os.environ.pop("COMMLAB_DEVICE", None)
+    else:
+        os.environ.update(COMMLAB_DEVICE=str(device))
     if relay is not None:
         _debugger.install(rank, *relay)
     comm = commlab.init(backend=backend, timeout=timeout)
     _set_user_names(comm)
     return {"rank": comm.rank, "pid": os.getpid(), "backend": comm.backend,
-            "device": str(comm.device), "host": socket.gethostname()}
+            "device": str(comm.device), "host": socket.gethostname(),
+            "heap": comm.heap_kind, "shared_gpu": comm.shared_gpu}
 
 
 def where() -> tuple[str, int]:

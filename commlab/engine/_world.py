@@ -151,12 +151,13 @@ class World(RankControl):
         ars = []
         for r, eid in enumerate(eids):
             local = [i for i, h in enumerate(hosts) if h == hosts[r]]
-            dev = self.devices[r] if self.devices else local.index(r)
+            dev = self.devices[r] if self.devices else None
             ars.append(self.client[eid].apply_async(
-                _worker.join, r, n, master, port, self.requested_backend, dev, len(local),
-                self.relay.address, self.timeout))
+                _worker.join, r, n, master, port, self.requested_backend, local.index(r),
+                len(local), self.relay.address, self.timeout, dev))
         infos = wait_all(self, ars, what="joining the world", limit=180)
-        self.ranks = [RankInfo(i["rank"], eid, i["pid"], i["device"], i["host"])
+        self.ranks = [RankInfo(i["rank"], eid, i["pid"], i["device"], i["host"],
+                               i.get("heap", ""), i.get("shared_gpu", ""))
                       for i, eid in zip(infos, eids, strict=True)]
         self.backend = infos[0]["backend"]
         self.broken = ""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -20,6 +20,7 @@ import torch.distributed as dist
 from commlab import _config
 from commlab.errors import BackendUnavailableError, CommlabUsageError
 from commlab.runtime import _auth
+from commlab.runtime._devices import Placement, device_index, identity
 
 
 @dataclass
@@ -33,6 +34,8 @@ class World:
     cpu_group: dist.ProcessGroup  # a gloo group for host-side exchanges
     token: str  # shared random hex string naming this world's shm segments
     owns_pg: bool
+    placement: Placement = field(default_factory=lambda: Placement(()))  # ranks' GPUs
+    heap: str = "shm"  # "shm" (cpu) | "symmetric" | "ipc" (cuda): which heap init builds
 
 
 # The TCPStore outlives finalize(): rank 0's store serves MASTER_PORT, so a second
@@ -75,8 +78,10 @@ def _env_int(name: str) -> int | None:
     return int(v) if v not in (None, "") else None
 
 
-def _has_gpu(local_rank: int) -> bool:
-    return torch.cuda.is_available() and torch.cuda.device_count() > local_rank
+def _gpu_of(local_rank: int) -> str:
+    """This rank's GPU identity ("" without a GPU)."""
+    index = device_index(local_rank)
+    return "" if index is None else identity(index)
 
 
 def bootstrap(backend: str, timeout_s: float) -> World:
@@ -118,11 +123,13 @@ def bootstrap(backend: str, timeout_s: float) -> World:
     if key is not None:  # a TCPStore others may reach: trust only MACed values
         store = _auth.authenticated(store, f"commlab/{generation}")
 
-    chosen = _agree_backend(store, rank, world_size, local_rank, backend)
+    chosen, placement = _agree_backend(store, rank, world_size, local_rank, backend)
+    heap = placement.heap() if chosen == "cuda" else "shm"
     if chosen == "cuda":
-        device = torch.device("cuda", local_rank)
+        device = torch.device("cuda", device_index(local_rank) or 0)
         torch.cuda.set_device(device)
-        pg_backend = "cpu:gloo,cuda:nccl"
+        # NCCL refuses a GPU given twice ("Duplicate GPU"): ranks sharing one use gloo only
+        pg_backend = "gloo" if placement.shared else "cpu:gloo,cuda:nccl"
     else:
         device = torch.device("cpu")
         pg_backend = "gloo"
@@ -131,7 +138,9 @@ def bootstrap(backend: str, timeout_s: float) -> World:
     token = store.get("token").decode()
     if _config.get("COMMLAB_TORCH_BACKEND") == "commlab":  # torch.distributed on commlab
         pg_backend = "commlab" if chosen == "cpu" else "cpu:gloo,cuda:commlab"
-    kwargs: dict[str, Any] = {"device_id": device} if chosen == "cuda" else {}
+    # device_id binds NCCL to the GPU at once: only where NCCL may have it
+    eager_nccl = chosen == "cuda" and not placement.shared and "nccl" in pg_backend
+    kwargs: dict[str, Any] = {"device_id": device} if eager_nccl else {}
     dist.init_process_group(
         pg_backend,
         store=dist.PrefixStore("pg", store),
@@ -146,29 +155,33 @@ def bootstrap(backend: str, timeout_s: float) -> World:
     adopted = _GROUP_SOURCE(chosen) if _GROUP_SOURCE is not None else None
     if adopted is not None:
         _, group, cpu_group = adopted
-    return World(rank, world_size, local_rank, chosen, device, group, cpu_group, token, True)
+    return World(rank, world_size, local_rank, chosen, device, group, cpu_group, token, True,
+                 placement, heap)
 
 
-def _agree_backend(store, rank: int, world_size: int, local_rank: int, wanted: str) -> str:
-    store.set(f"gpu/{rank}", "1" if _has_gpu(local_rank) else "0")
-    flags = [store.get(f"gpu/{r}").decode() == "1" for r in range(world_size)]
-    without = [r for r, f in enumerate(flags) if not f]
+def _agree_backend(store, rank: int, world_size: int, local_rank: int,
+                   wanted: str) -> tuple[str, Placement]:
+    """The backend every rank uses, and which GPU each rank has (its identity, or "")."""
+    store.set(f"gpu/{rank}", _gpu_of(local_rank))
+    gpus = tuple(store.get(f"gpu/{r}").decode() for r in range(world_size))
+    without = [r for r, g in enumerate(gpus) if not g]
     if wanted == "cuda" and without:
         raise BackendUnavailableError(
             f"commlab.init(backend='cuda'): {'rank' if len(without) == 1 else 'ranks'} "
-            f"{', '.join(map(str, without))} see no CUDA GPU for their LOCAL_RANK "
+            f"{', '.join(map(str, without))} see no CUDA GPU "
             f"(torch.cuda.device_count() is {torch.cuda.device_count()} here); "
             f"use backend='cpu', or give every rank a GPU"
         )
     from commlab import _interpreter as _interpret
 
+    placement = Placement(gpus)
     if wanted == "auto" and _interpret.interpreting():
-        return "cpu"  # the interpreter was chosen at import: kernels run on the CPU
+        return "cpu", placement  # the interpreter was chosen at import: kernels run on CPU
     if wanted == "cuda" or (wanted == "auto" and not without):
         _check_compiled_mode("cuda")
-        return "cuda"
+        return "cuda", placement
     _check_compiled_mode("cpu")
-    return "cpu"
+    return "cpu", placement
 
 
 def _check_compiled_mode(backend: str) -> None:
@@ -198,7 +211,7 @@ def _from_existing(backend: str) -> World:
         backend = adopted[0]
     if backend == "auto":
         backend = "cuda" if has_nccl else "cpu"
-    if backend == "cuda" and not _has_gpu(local_rank):
+    if backend == "cuda" and device_index(local_rank) is None:
         raise BackendUnavailableError(
             f"commlab.init(backend='cuda'): rank {rank} sees no CUDA GPU; use backend='cpu'"
         )
@@ -212,12 +225,24 @@ def _from_existing(backend: str) -> World:
         cpu_group = group
     else:
         cpu_group = dist.new_group(backend="gloo")
-    device = torch.device("cuda", local_rank) if backend == "cuda" else torch.device("cpu")
+    device = torch.device("cpu")
     if backend == "cuda":
+        device = torch.device("cuda", device_index(local_rank) or 0)
         torch.cuda.set_device(device)
+    placement = gather_placement(local_rank if backend == "cuda" else None, cpu_group)
+    heap = placement.heap() if backend == "cuda" else "shm"
     obj = [uuid.uuid4().hex[:12] if rank == 0 else None]
     dist.broadcast_object_list(obj, src=0, group=cpu_group)
     token = obj[0]
     assert token is not None  # broadcast from rank 0, which set it
     return World(rank, world_size, local_rank, backend, device, group, cpu_group, token,
-                 False)
+                 False, placement, heap)
+
+
+def gather_placement(local_rank: int | None, group) -> Placement:
+    """Every rank's GPU identity through ``group`` (collective); ``local_rank`` None: this
+    rank runs on the CPU."""
+    mine = "" if local_rank is None else _gpu_of(local_rank)
+    out: list = [None] * dist.get_world_size(group)
+    dist.all_gather_object(out, mine, group=group)
+    return Placement(tuple(out))

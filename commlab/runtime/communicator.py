@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import gc
 import os
 from dataclasses import dataclass, field
@@ -19,7 +18,7 @@ from commlab.errors import (
     CommlabUsageError,
     HeapFullError,
 )
-from commlab.runtime import _publish, _shm, wait_records
+from commlab.runtime import _heaps, _publish, wait_records
 from commlab.runtime._bootstrap import World, bootstrap
 from commlab.runtime._control import ControlBlock, Signature
 from commlab.runtime._cross import HostsAgreement
@@ -66,6 +65,17 @@ class Communicator:
     _local: Communicator | None = field(default=None, repr=False)  # across hosts only
     across: HostGroups | None = field(default=None, repr=False)  # across hosts only
     wait_records: torch.Tensor | None = field(default=None, repr=False)  # GPU: wait_records
+
+    @property
+    def heap_kind(self) -> str:
+        """Which heap this world has: "shm" (cpu), "symmetric" (torch's symmetric memory,
+        one GPU per rank) or "ipc" (CUDA IPC, ranks sharing a GPU; ``COMMLAB_HEAP``)."""
+        return self._world.heap if self._world is not None else "shm"
+
+    @property
+    def shared_gpu(self) -> str:
+        """A line saying which ranks share a GPU and what that means, or "" (one each)."""
+        return self._world.placement.describe() if self._world is not None else ""
 
     @property
     def local(self) -> Communicator:
@@ -155,7 +165,7 @@ class Communicator:
     def __repr__(self) -> str:
         return (f"Communicator(rank={self.rank}, world_size={self.world_size}, "
                 f"backend={self.backend!r}, device={self.device}, "
-                f"heap={_fmt_bytes(self.heap.size)})")
+                f"heap={_fmt_bytes(self.heap.size)} {self.heap_kind})")
 
 
 _COMM: Communicator | None = None
@@ -167,7 +177,8 @@ def init(backend: str = "auto", *, heap_size=None, scratch_size=None,
 
     backend: "auto" (cuda when every rank has a GPU), "cpu" (Triton's interpreter, ranks
     as processes sharing memory) or "cuda". heap_size / scratch_size: bytes or strings
-    like "256MiB" (defaults: COMMLAB_HEAP_SIZE, else 64 MiB on cpu, 6 GiB on cuda).
+    like "256MiB" (defaults: COMMLAB_HEAP_SIZE, else 64 MiB on cpu, 6 GiB on cuda, less
+    where ranks share a GPU: at most a quarter of its memory over the ranks sharing it).
     timeout: seconds a collective waits for missing ranks before raising (default
     COMMLAB_TIMEOUT, else 300). Calling init again returns the same communicator.
     """
@@ -188,6 +199,8 @@ def init(backend: str = "auto", *, heap_size=None, scratch_size=None,
     if world.world_size > MAX_WORLD:
         raise CommlabUsageError(f"commlab supports up to {MAX_WORLD} ranks, got {world.world_size}")
     d_heap, d_scratch = _DEFAULTS[world.backend]
+    if world.backend == "cuda" and world.placement.shared:
+        d_heap = _shared_heap_default(world)
     size = parse_size(heap_size or _config.get("COMMLAB_HEAP_SIZE") or d_heap)
     scratch = parse_size(scratch_size or _config.get("COMMLAB_SCRATCH_SIZE")
                          or min(d_scratch, size // 2))
@@ -203,13 +216,22 @@ def init(backend: str = "auto", *, heap_size=None, scratch_size=None,
     return comm
 
 
+def _shared_heap_default(world: World) -> int:
+    """The default heap on a GPU that ``k`` ranks share: at most a quarter of the GPU's
+    memory over ``k`` (each rank also has its own CUDA context and caching allocator),
+    a multiple of 256 MiB, between 256 MiB and the usual 6 GiB."""
+    k = max(len(g) for g in world.placement.groups())
+    total = torch.cuda.get_device_properties(world.device).total_memory
+    share = total // (4 * k) // (256 << 20) * (256 << 20)
+    return max(256 << 20, min(_DEFAULTS["cuda"][0], share))
+
+
 def _one_host(world: World, layout: HeapLayout, timeout: float) -> Communicator:
     """The Communicator of ranks that share memory: one heap, one agreement block."""
     keep: list = []
-    if world.backend == "cpu":
-        heap, control = _cpu_heap(world, layout, timeout, keep)
-    else:
-        heap, control = _cuda_heap(world, layout, timeout, keep)
+    build = {"shm": _heaps.cpu_heap, "symmetric": _heaps.symmetric_heap,
+             "ipc": _heaps.ipc_heap}[world.heap]
+    heap, control = build(world, layout, timeout, keep)
     records, records_addr = wait_records.allocate(world.device)
     ctx = torch.tensor(
         [world.rank, world.world_size, heap.bases[world.rank] + layout.signal_pad,
@@ -221,7 +243,7 @@ def _one_host(world: World, layout: HeapLayout, timeout: float) -> Communicator:
                         wait_records=records)
     if world.backend == "cpu":
         bounds.set_heap_size(layout.size)
-        liveness.set_watch(peer_watch(world, timeout, _exchange(world, os.getpid())))
+        liveness.set_watch(peer_watch(world, timeout, _heaps.exchange(world, os.getpid())))
     return comm
 
 
@@ -249,116 +271,6 @@ def using(comm: Communicator):
         yield comm
     finally:
         _COMM = before
-
-
-def _exchange(world: World, obj) -> list:
-    out = [None] * world.world_size
-    dist.all_gather_object(out, obj, group=world.cpu_group)
-    return out
-
-
-def _addr(m) -> int:
-    return ctypes.addressof(ctypes.c_char.from_buffer(m))
-
-
-def _make_control(world: World, timeout: float, keep: list) -> ControlBlock:
-    nbytes = ControlBlock.nbytes(world.world_size)
-    name = _shm.segment_name(world.token, "ctl", 0)
-    if world.rank == 0:
-        m = _shm.create(name, nbytes)
-    name = _exchange(world, name if world.rank == 0 else None)[0]
-    if world.rank != 0:
-        m = _shm.open_existing(name, nbytes)
-    keep.append(m)
-    dist.barrier(group=world.cpu_group)
-    if world.rank == 0:
-        _shm.unlink(name)  # every rank has mapped it: nothing stays in /dev/shm
-    return ControlBlock(m, world.rank, world.world_size, timeout)
-
-
-def _cpu_heap(world: World, layout: HeapLayout, timeout: float, keep: list):
-    _shm.sweep_orphans()
-    free = _shm.free_bytes()
-    need = layout.size * world.world_size
-    if free is not None and world.rank == 0 and need > free:
-        # Pages are only backed when touched, but a world that outgrows /dev/shm dies of
-        # SIGBUS; refuse up front instead.
-        raise CommlabUsageError(
-            f"commlab.init: heap_size {_fmt_bytes(layout.size)} x {world.world_size} ranks "
-            f"needs {_fmt_bytes(need)} of /dev/shm, which has {_fmt_bytes(free)} free; pass "
-            f"a smaller heap_size (e.g. heap_size='16MiB') or enlarge /dev/shm"
-        )
-    name = _shm.segment_name(world.token, "heap", world.rank)
-    mine = _shm.create(name, layout.size)
-    names = _exchange(world, name)
-    maps = [mine if r == world.rank else _shm.open_existing(n, layout.size)
-            for r, n in enumerate(names)]
-    keep.extend(maps)
-    control = _make_control(world, timeout, keep)  # has a barrier: all heaps are mapped
-    _shm.unlink(name)
-    bases = [_addr(m) for m in maps]
-    local = torch.frombuffer(mine, dtype=torch.uint8)
-
-    def make_block(off: int, nbytes: int):
-        owner = (ctypes.c_uint8 * nbytes).from_buffer(mine, off)
-        return owner, torch.frombuffer(owner, dtype=torch.uint8)
-
-    heap = SymmetricHeap(layout, world.rank, bases, world.device, local, make_block)
-    return heap, control
-
-
-class _CudaBlock:
-    """Owns a sub-range of the CUDA heap; torch keeps it alive while a tensor uses it."""
-
-    def __init__(self, ptr: int, nbytes: int, heap_buf: torch.Tensor):
-        self._heap_buf = heap_buf
-        self.__cuda_array_interface__ = {
-            "shape": (nbytes,), "typestr": "|u1", "data": (ptr, False),
-            "version": 3, "strides": None, "stream": None,
-        }
-
-
-def symmetric_memory():
-    """torch's symmetric memory, which the cuda backend's heap is allocated with, on a
-    CUDA build or a ROCm one (``torch.version.hip``) alike; CommlabUsageError naming the
-    build and what it lacks where it is missing."""
-    hip = getattr(torch.version, "hip", None)
-    build = f"torch {torch.__version__}, " + (f"ROCm {hip}" if hip else
-                                              f"CUDA {torch.version.cuda}")
-    fix = "use a PyTorch build that has it, or COMMLAB_BACKEND=cpu"
-    try:
-        import torch.distributed._symmetric_memory as symm_mem
-    except ImportError as e:
-        raise CommlabUsageError(
-            f"the cuda backend allocates its heap with torch.distributed._symmetric_memory, "
-            f"which is not available on this build ({build}: {e}); {fix}") from e
-    missing = [n for n in ("empty", "rendezvous") if not hasattr(symm_mem, n)]
-    if missing:
-        raise CommlabUsageError(
-            f"torch.distributed._symmetric_memory on this build ({build}) lacks "
-            f"{', '.join(missing)}, which the cuda backend's heap needs; {fix}")
-    return symm_mem
-
-
-def _cuda_heap(world: World, layout: HeapLayout, timeout: float, keep: list):
-    os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")  # never multicast here
-    symm_mem = symmetric_memory()
-
-    buf = symm_mem.empty(layout.size, dtype=torch.uint8, device=world.device)
-    group_name = world.group.group_name
-    hdl = symm_mem.rendezvous(buf, group_name)
-    bases = [int(p) for p in hdl.buffer_ptrs]
-    buf[: layout.scratch].zero_()  # signal pad and flags start at zero
-    torch.cuda.synchronize(world.device)
-    keep.extend([buf, hdl])
-    control = _make_control(world, timeout, keep)  # its barrier also orders the zeroing
-
-    def make_block(off: int, nbytes: int):
-        owner = _CudaBlock(bases[world.rank] + off, nbytes, buf)
-        return owner, torch.as_tensor(owner, device=world.device)
-
-    heap = SymmetricHeap(layout, world.rank, bases, world.device, buf, make_block)
-    return heap, control
 
 
 def current_communicator() -> Communicator | None:

@@ -3,7 +3,8 @@
 ``commlab.init()`` asks here (``commlab.runtime.set_group_source``) when torch.distributed
 is already initialised. The heap's exchanges and the runtime's host-side barriers need a
 registered gloo group (CUDA: gloo + NCCL, which PyTorch's symmetric memory rendezvous
-uses), made here once, collectively, when the Communicator is built.
+uses; gloo alone where ranks share a GPU, which NCCL refuses), made here once,
+collectively, when the Communicator is built.
 """
 
 from __future__ import annotations
@@ -28,5 +29,21 @@ def group_source(backend: str):
             f"{'on' if chosen == 'cpu' else 'off'}); call commlab.init() or "
             f"commlab.init(backend={chosen!r})"
         )
-    group = dist.new_group(backend="gloo" if chosen == "cpu" else "cpu:gloo,cuda:nccl")
+    cpu = dist.new_group(backend="gloo")
+    if chosen == "cpu":
+        return chosen, cpu, cpu
+    # NCCL refuses ranks that share a GPU, and the IPC heap needs no NCCL: gloo only then
+    if ranks_share_gpus(cpu):
+        return chosen, cpu, cpu
+    group = dist.new_group(backend="cpu:gloo,cuda:nccl")
     return chosen, group, group
+
+
+def ranks_share_gpus(group) -> bool:
+    """Whether two ranks of ``group`` run on one GPU (collective over ``group``)."""
+    import os
+
+    from commlab.runtime._bootstrap import gather_placement
+
+    local = os.environ.get("LOCAL_RANK") or str(dist.get_rank())
+    return gather_placement(int(local), group).shared
