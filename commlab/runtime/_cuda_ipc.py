@@ -30,7 +30,7 @@ class CudaIpcError(CommlabError):
 
 
 class _Handle(ctypes.Structure):
-    _fields_ = [("reserved", ctypes.c_char * HANDLE_BYTES)]
+    _fields_ = [("reserved", ctypes.c_ubyte * HANDLE_BYTES)]  # c_char would stop at a NUL
 
 
 def _lib():
@@ -44,9 +44,33 @@ def _lib():
                     f"the IPC heap needs the CUDA driver library libcuda.so.1, which did not "
                     f"load ({e}); install the NVIDIA driver, or use COMMLAB_HEAP=symmetric"
                 ) from e
+            _declare(lib)
             _check(lib.cuInit(0), "cuInit")
             _LIB = lib
     return _LIB
+
+
+def _declare(lib) -> None:
+    """Argument types for every call: the handle goes *by value* (64 bytes on the stack),
+    which ctypes gets right only when told."""
+    P, u64, uint, vp = ctypes.POINTER, ctypes.c_uint64, ctypes.c_uint, ctypes.c_void_p
+    sigs = {
+        "cuInit": [uint],
+        "cuGetErrorName": [ctypes.c_int, P(ctypes.c_char_p)],
+        "cuDeviceGet": [P(ctypes.c_int), ctypes.c_int],
+        "cuDevicePrimaryCtxRetain": [P(vp), ctypes.c_int],
+        "cuDevicePrimaryCtxRelease_v2": [ctypes.c_int],
+        "cuCtxPushCurrent_v2": [vp],
+        "cuCtxPopCurrent_v2": [P(vp)],
+        "cuMemAlloc_v2": [P(u64), ctypes.c_size_t],
+        "cuMemFree_v2": [u64],
+        "cuIpcGetMemHandle": [P(_Handle), u64],
+        "cuIpcOpenMemHandle_v2": [P(u64), _Handle, uint],
+        "cuIpcCloseMemHandle": [u64],
+    }
+    for name, args in sigs.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = args, ctypes.c_int
 
 
 def _check(code: int, what: str) -> None:
@@ -82,30 +106,31 @@ class Driver:
 
     def alloc(self, nbytes: int) -> int:
         ptr = ctypes.c_uint64()
-        self._in_ctx(_lib().cuMemAlloc_v2, ctypes.byref(ptr), ctypes.c_size_t(nbytes),
+        self._in_ctx(_lib().cuMemAlloc_v2, ctypes.byref(ptr), nbytes,
                      what=f"cuMemAlloc({nbytes} B)")
         return ptr.value
 
     def export(self, ptr: int) -> bytes:
         h = _Handle()
-        self._in_ctx(_lib().cuIpcGetMemHandle, ctypes.byref(h), ctypes.c_uint64(ptr),
+        self._in_ctx(_lib().cuIpcGetMemHandle, ctypes.byref(h), ptr,
                      what="cuIpcGetMemHandle")
-        return bytes(h.reserved)
+        return ctypes.string_at(ctypes.addressof(h), HANDLE_BYTES)
 
     def open(self, handle: bytes) -> int:
-        h = _Handle()
-        ctypes.memmove(ctypes.byref(h), handle, HANDLE_BYTES)
+        if len(handle) != HANDLE_BYTES:
+            raise CudaIpcError(f"a CUDA IPC handle has {HANDLE_BYTES} bytes, got {len(handle)}")
+        h = _Handle.from_buffer_copy(handle)
         ptr = ctypes.c_uint64()
-        self._in_ctx(_lib().cuIpcOpenMemHandle_v2, ctypes.byref(ptr), h,
-                     ctypes.c_uint(_LAZY_PEER_ACCESS), what="cuIpcOpenMemHandle")
+        self._in_ctx(_lib().cuIpcOpenMemHandle_v2, ctypes.byref(ptr), h, _LAZY_PEER_ACCESS,
+                     what="cuIpcOpenMemHandle")
         return ptr.value
 
     def close(self, ptr: int) -> None:
-        self._in_ctx(_lib().cuIpcCloseMemHandle, ctypes.c_uint64(ptr),
+        self._in_ctx(_lib().cuIpcCloseMemHandle, ptr,
                      what="cuIpcCloseMemHandle")
 
     def free(self, ptr: int) -> None:
-        self._in_ctx(_lib().cuMemFree_v2, ctypes.c_uint64(ptr), what="cuMemFree")
+        self._in_ctx(_lib().cuMemFree_v2, ptr, what="cuMemFree")
 
     def release(self) -> None:
         """Drop this object's reference on the primary context (torch keeps its own)."""

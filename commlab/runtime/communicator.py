@@ -6,6 +6,7 @@ import atexit
 import contextlib
 import gc
 import os
+import sys
 from dataclasses import dataclass, field
 
 import torch
@@ -212,6 +213,8 @@ def init(backend: str = "auto", *, heap_size=None, scratch_size=None,
         _COMM = comm
         return comm
     comm = _one_host(world, layout, timeout)
+    if world.rank == 0 and world.placement.shared and world.backend == "cuda":
+        print(f"commlab: {world.placement.describe()}", file=sys.stderr, flush=True)
     _COMM = comm
     return comm
 

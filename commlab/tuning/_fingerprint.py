@@ -1,6 +1,7 @@
 """The topology fingerprint a tuning table is keyed by.
 
-Fields: backend, world size, device name, GPUs per host, and the GPU link structure
+Fields: backend, world size, device name, GPUs per host, ranks per GPU where ranks share
+one, and the GPU link structure
 when it can be read (commlab.topology's fingerprint of device models and path classes
 such as NV18; else the NVLink lanes up per GPU from NVML). A table measured on another
 fingerprint is never used: change any field (another GPU model, a world of 4 instead of
@@ -54,17 +55,22 @@ def _link_structure():
 def fields(comm) -> dict:
     if comm.backend != "cuda":
         return {"backend": comm.backend, "world_size": comm.world_size, "device": "cpu"}
-    return _cuda_fields(comm.world_size, comm.device.index or 0)
+    groups = comm._world.placement.groups() if comm._world is not None else []
+    per_gpu = max((len(g) for g in groups), default=1)
+    return _cuda_fields(comm.world_size, comm.device.index or 0, per_gpu)
 
 
 @functools.cache
-def _cuda_fields(world_size: int, device_index: int) -> dict:
+def _cuda_fields(world_size: int, device_index: int, ranks_per_gpu: int = 1) -> dict:
     import torch
 
-    return {"backend": "cuda", "world_size": world_size,
-            "device": torch.cuda.get_device_name(device_index),
-            "gpus_per_host": torch.cuda.device_count(),
-            "links": _link_structure()}
+    f = {"backend": "cuda", "world_size": world_size,
+         "device": torch.cuda.get_device_name(device_index),
+         "gpus_per_host": torch.cuda.device_count(),
+         "links": _link_structure()}
+    if ranks_per_gpu > 1:  # time-sliced ranks: their timings rank algorithms differently
+        f["ranks_per_gpu"] = ranks_per_gpu
+    return f
 
 
 def fingerprint_of(f: dict) -> str:
