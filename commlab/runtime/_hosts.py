@@ -27,6 +27,7 @@ from commlab import _config
 from commlab.errors import CommlabUsageError
 from commlab.runtime import _shm
 from commlab.runtime._bootstrap import World
+from commlab.runtime._devices import Placement
 
 
 @dataclass
@@ -139,7 +140,8 @@ def split(world: World, hosts: list[list[int]], timeout_s: float) -> tuple[World
     """This host's world (local ranks, its own groups and segment names) and the groups
     between hosts, which give up after ``timeout_s`` (at least 30 s) like the world's.
     Collective: every rank makes every group, in the same order."""
-    pg = "gloo" if world.backend == "cpu" else "cpu:gloo,cuda:nccl"
+    shared = world.placement.shared  # NCCL refuses ranks sharing a GPU: gloo only
+    pg = "gloo" if world.backend == "cpu" or shared else "cpu:gloo,cuda:nccl"
     limit = timedelta(seconds=max(timeout_s, 30))
     host = next(i for i, h in enumerate(hosts) if world.rank in h)
     local_index = hosts[host].index(world.rank)
@@ -148,7 +150,9 @@ def split(world: World, hosts: list[list[int]], timeout_s: float) -> tuple[World
     cross_groups = [dist.new_group(c, backend=pg, timeout=limit) for c in cross]
     group = local_groups[host]
     local = World(local_index, len(hosts[host]), world.local_rank, world.backend,
-                  world.device, group, group, f"{world.token}{host:02x}", False)
+                  world.device, group, group, f"{world.token}{host:02x}", False,
+                  Placement(tuple(world.placement.gpus[r] for r in hosts[host]))
+                  if world.placement.gpus else world.placement, world.heap)
     mine = sorted(cross[local_index])
     host_of = {r: i for i, h in enumerate(hosts) for r in h}
     return local, HostGroups(hosts, host, local_index, mine, [host_of[r] for r in mine],
