@@ -100,9 +100,12 @@ def _until(cond, limit: float):
     return None
 
 
-def _watch(comm, flag, seen: dict, limit: float) -> None:
+def _watch(comm, flag, seen: dict, limit: float, side=None, one=None) -> None:
     """On rank 0, while stuck_kernel spins: read the blocked waits (and on GPUs the
-    records), then tell rank 1's release_kernel to go (a host write into its flag[1])."""
+    records), then tell rank 1's release_kernel to go (a host write into its flag[1]).
+    On GPUs ``side`` and ``one`` are made before the kernel starts: creating a CUDA stream
+    while a kernel of this process spins blocked until the kernel ended (one H200, driver
+    580, torch 2.11), and a device-to-device copy needs no kernel module loaded then."""
     from commlab.racecheck import blocked_waits, wait_graph_text
     from commlab.runtime import wait_records
     from commlab.runtime.peer import peer_view
@@ -117,9 +120,8 @@ def _watch(comm, flag, seen: dict, limit: float) -> None:
     try:
         go = peer_view(comm, flag, 1)
         if comm.backend == "cuda":
-            side = torch.cuda.Stream(comm.device)  # beside the spinning kernel
-            with torch.cuda.stream(side):
-                go[1:2].fill_(1)
+            with torch.cuda.stream(side):  # beside the spinning kernel
+                go[1:2].copy_(one)
             side.synchronize()
         else:
             go[1] = 1
@@ -141,14 +143,18 @@ def check_hang(comm, t: Tally) -> None:
     if me == 0:
         if comm.backend == "cuda":
             done = torch.cuda.Event()
+            side = torch.cuda.Stream(comm.device)  # made now: not while the kernel spins
+            one = torch.ones(1, dtype=torch.int32, device=comm.device)
+            with torch.cuda.stream(side):  # the copy path, once, before the spin
+                one.copy_(one)
+            side.synchronize()
             stuck_kernel[(1,)](flag, comm.context)
             done.record()
-            _watch(comm, flag, seen, limit)
+            _watch(comm, flag, seen, limit, side, one)
             released = bool(_until(done.query, limit))
             if not released:  # unstick it ourselves so the world can go on
-                side = torch.cuda.Stream(comm.device)
                 with torch.cuda.stream(side):
-                    flag[0:1].fill_(1)
+                    flag[0:1].copy_(one)
                 _until(done.query, limit)
         else:  # the interpreter runs the kernel in this thread: watch from another
             watcher = threading.Thread(target=_watch, args=(comm, flag, seen, limit))
