@@ -9,7 +9,9 @@
     results = run_world(check, world_size=3, args=(1000,))   # one result per rank
 
 Ranks are *spawned* processes (never forked), each with torch.distributed's environment
-set, ``commlab.init(backend)`` done, and ``fn(comm, *args)`` called. A rank that raises
+set, ``commlab.init(backend)`` done, and ``fn(comm, *args)`` called. ``backend="cuda"``
+puts rank r on GPU ``r % device_count``, so a world of any size runs on one GPU (the
+ranks share it through the IPC heap). A rank that raises
 makes ``run_world`` raise ``WorldError`` with every rank's traceback; a world that has
 not finished within ``timeout`` seconds is killed (by pid) and reported.
 """
