@@ -68,7 +68,8 @@ class DistributedError(CommlabError):
     """A cell (or ``World.apply``) failed on some ranks.
 
     ``failures`` maps rank -> (exception name, message, traceback text); the message
-    groups ranks whose tracebacks are identical: "ZeroDivisionError on ranks 1, 3"."""
+    groups ranks whose tracebacks show the same user frames and message:
+    "ZeroDivisionError on ranks 1, 3"."""
 
     def __init__(self, failures: dict[int, tuple[str, str, str]], world_size: int,
                  extra: str = ""):
@@ -80,9 +81,12 @@ class DistributedError(CommlabError):
         self._text: dict[tuple[str, str], str] = {}
         for r in sorted(failures):
             ename, evalue, tb = failures[r]
-            # engines count their cells apart: In[k] differs between identical failures
-            key = (f"{ename}: {evalue}" if evalue else ename,
-                   _CELL_NO.sub("Cell In[]", strip_ansi(tb)))
+            # ranks whose tracebacks show the same frames of the user's and the same
+            # message are one group (commlab's hidden frames may differ: a call that ran
+            # ahead raises from the cell's end); engines count their cells apart, so
+            # In[k] is not compared
+            head = f"{ename}: {evalue}" if evalue else ename
+            key = (head, _CELL_NO.sub("Cell In[]", "\n".join(short_traceback(tb, head)[0])))
             self.groups.setdefault(key, []).append(r)
             self._text.setdefault(key, strip_ansi(tb))  # the first rank's, as it came
         heads = [f"{head.split(':')[0]} on {ranks_str(rs)}" for (head, _), rs in
