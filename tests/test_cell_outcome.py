@@ -63,3 +63,34 @@ def test_a_run_ahead_call_mismatched_before_a_local_error_is_that_ranks_error(ip
     assert "ZeroDivisionError" in e.failures[2][2]  # said as a note on rank 2
     cap = cell(ip, "print(commlab.all_reduce(torch.ones(2)).tolist())")
     assert "[3.0, 3.0]" in cap.stdout, cap.stdout
+
+
+SEED, SEQUENCES = 31, 20
+
+
+def test_random_interleavings_of_errors_and_cached_calls_settle_in_their_own_cell():
+    from commlab.testing import run_world
+    from tests.worlds.cell_outcome import cell_outcome_world, expected, make_sequences
+
+    results = run_world(cell_outcome_world, 3, args=(SEED, SEQUENCES), timeout=300,
+                        env={"COMMLAB_TIMEOUT": "30"})
+    seqs = make_sequences(SEED, SEQUENCES, 3)
+    every = results[0]["every"]
+    cells = 0
+    for s, cells_of in enumerate(seqs):
+        for c, steps in enumerate(cells_of):
+            got = [next(o for o in every[r] if o[:2] == (s, c)) for r in range(3)]
+            want = expected(steps)
+            for r in range(3):
+                name = got[r][2]
+                raised = any(k == "raise" and r in a for k, a in steps)
+                ok = name == want or (want == "ok" and raised and name == "ZeroDivisionError")
+                assert ok, f"sequence {s} cell {c} {steps}: rank {r} got {got[r]}, want {want}"
+            if want == "RankMismatchError":
+                assert len({g[3] for g in got}) == 1, f"different texts: {got}"
+            cells += 1
+    assert cells >= 3 * SEQUENCES
+    assert not any(r["bad_values"] for r in results), [r["bad_values"] for r in results]
+    # the sequences exercised what they are for: calls that ran ahead, mismatched ones too
+    assert sum(r["ahead_calls"] for r in results) > 20, results
+    assert sum(r["ahead_mismatches"] for r in results) >= 3, results

@@ -33,6 +33,22 @@ def settle() -> None:
         comm.synchronize()
 
 
+def finish(error: BaseException | None) -> BaseException | None:
+    """The cell's error once its collectives are settled: ``error`` (what the cell itself
+    raised, or None) unless a call that ran ahead mismatched; that call came first, so
+    its RankMismatchError is the rank's error (``error`` named in a note)."""
+    if isinstance(error, CollectiveTimeoutError):
+        return error  # a peer is missing: its timeout says so; waiting again won't help
+    try:
+        settle()
+    except BaseException as e:  # noqa: BLE001 (a KeyboardInterrupt here is the cell's too)
+        if error is not None:
+            e.add_note(f"after that call, this rank's cell raised "
+                       f"{type(error).__name__}: {error}")
+        return e
+    return error
+
+
 def install(shell) -> None:
     """Settle at the end of every cell ``shell`` runs (idempotent)."""
     if getattr(shell, _MARK, False):
@@ -42,12 +58,10 @@ def install(shell) -> None:
     @functools.wraps(run)
     async def run_cell_async(*args, **kwargs):
         result = await run(*args, **kwargs)
-        if isinstance(result.error_in_exec, CollectiveTimeoutError):
-            return result  # a peer is missing: its timeout says so; waiting again won't help
-        try:
-            settle()
-        except BaseException as e:  # noqa: BLE001 (the cell's error, KeyboardInterrupt too)
-            _report(shell, result, e)
+        error = result.error_in_exec or result.error_before_exec
+        final = finish(error)
+        if final is not error:
+            _report(shell, result, final)
         return result
 
     shell.run_cell_async = run_cell_async
@@ -57,10 +71,6 @@ def install(shell) -> None:
 def _report(shell, result, exc: BaseException) -> None:
     """Make ``exc`` the cell's error: shown as IPython shows one, and in the reply
     ipykernel sends (status, ename, evalue, traceback from ``shell._last_traceback``)."""
-    earlier = result.error_in_exec or result.error_before_exec
-    if earlier is not None:  # the mismatched call came first: it is this rank's error
-        exc.add_note(f"after that call, this rank's cell raised "
-                     f"{type(earlier).__name__}: {earlier}")
     site = getattr(exc, "ran_ahead_at", None)
     try:
         if site is not None:
