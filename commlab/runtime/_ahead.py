@@ -37,6 +37,7 @@ import os
 import sys
 from collections import deque
 from collections.abc import Callable
+from types import FrameType
 
 from commlab._interpreter.blocked import CELL_FILE
 
@@ -134,7 +135,7 @@ class Ahead:
 def _call_site() -> tuple[str, int] | None:
     """(file, line) of the first frame outside commlab: where the user made this call
     (a few frame hops: well under a microsecond on the run-ahead path)."""
-    f = sys._getframe(2)
+    f: FrameType | None = sys._getframe(2)
     while f is not None and f.f_code.co_filename.startswith(_OWN):
         f = f.f_back
     return (f.f_code.co_filename, f.f_lineno) if f is not None else None
