@@ -39,10 +39,13 @@ class DataRaceError(CommlabError):
 class WaitTimeoutError(CollectiveTimeoutError):
     """A ``cl.wait``/``cl.barrier`` under ``commlab.racecheck(wait_timeout=...)`` stayed
     unsatisfied; the message holds the wait-for graph, ``.graph`` the same as one dict
-    per blocked rank and ``.cycle`` the ranks of a cycle (or [])."""
+    per blocked program, ``.cycle`` the ranks of a known cycle (or []) and
+    ``.wait_graph`` the whole graph (OR-waits, the knot; ``commlab.widgets.WaitGraphView``
+    draws it)."""
 
     graph: list = []
     cycle: list = []
+    wait_graph: dict | None = None
 
 
 # -- short tracebacks in notebooks ---------------------------------------------------------

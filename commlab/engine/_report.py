@@ -125,13 +125,15 @@ class DistributedError(CommlabError):
 
 class HangError(CommlabError):
     """Some ranks stayed blocked (a collective that not every rank called, a deadlock):
-    the report shows each blocked rank's stack and the collective it waits in."""
+    the report shows each blocked rank's stack and the collective it waits in;
+    ``wait_graph`` the kernels' wait-for graph (``commlab.widgets.WaitGraphView``)."""
 
     def __init__(self, report: str, failures: DistributedError | None = None,
                  full_report: str = ""):
         self.report = report
         self.full_report = full_report or report  # with every frame of each stack
         self.failures = failures
+        self.wait_graph: dict | None = None  # racecheck.wait_graph of the blocked kernels
         super().__init__(report)
 
     def _render_traceback_(self) -> list[str]:

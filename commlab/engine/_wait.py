@@ -27,7 +27,7 @@ from commlab.engine._report import (
     ranks_str,
     strip_ansi,
 )
-from commlab.racecheck import wait_graph_text
+from commlab.racecheck import wait_graph, wait_graph_text
 
 GRACE_S = _config.get("COMMLAB_HANG_GRACE")  # %%distributed --grace overrides
 INTERRUPT_WAIT_S = 5.0  # how long an interrupted rank may take before it is restarted
@@ -191,8 +191,8 @@ class CellRun:
         if not (over or late):
             return
         stacks, waits = self.world.dump_stacks(sorted(running))
-        graph = wait_graph_text([n for r in sorted(waits) for n in waits[r]],
-                                len(self.world.ranks))
+        nodes = [n for r in sorted(waits) for n in waits[r]]
+        graph = wait_graph_text(nodes, len(self.world.ranks))
         parts, whole, in_commlab = [], [], bool(graph)
         for r in sorted(running):
             text, inside = describe_stack(r, stacks.get(r, ""), self.cell_lines)
@@ -215,8 +215,11 @@ class CellRun:
         report.append(self._recover(sorted(running)))
         self.out.pump(set(), final=True)
         full = [report[0], *whole, *report[1 + len(parts):]]
-        raise HangError("\n".join(report), self._failures(ignore=set(running)),
+        err = HangError("\n".join(report), self._failures(ignore=set(running)),
                         full_report="\n".join(full))
+        # for commlab.widgets.WaitGraphView: the same graph the report's text names
+        err.wait_graph = wait_graph(nodes, len(self.world.ranks)) if nodes else None
+        raise err
 
     # -- recovery -------------------------------------------------------------------------
     def _settle(self, ranks: list[int], limit: float) -> list[int]:
