@@ -404,7 +404,7 @@ def test_shape_mismatch_on_ranks_shows_the_cell_line_and_the_message_in_a_few_li
     assert f"Cell In[{n}], line 2" in text  # the notebook's cell, not the engine's counter
     assert "----> 2 y = commlab.all_gather(x)" in text, text
     assert "_common.py" not in text and "_control.py" not in text, text
-    assert "commlab frame" in text  # says that frames were hidden, and where they are
+    assert "commlab/Triton frame" in text  # says that frames were hidden, and where they are
     assert "_control.py" in __import__("sys").last_value.full_traceback
     assert_world_works(ip)
 

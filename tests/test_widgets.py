@@ -138,6 +138,30 @@ def test_timeline_labels_its_times_in_ms_and_fills_the_output_width():
     assert v.figure._config["responsive"] and v.widget.layout.width == "100%"
 
 
+def test_a_trace_with_120_lanes_fits_one_screen_and_scrolls_inside_the_figure():
+    from commlab.widgets._timeline import MAX_LANES
+
+    spans = [{"name": "tile", "kind": "compute", "rank": r, "lane": f"program {p}",
+              "start_us": p, "end_us": p + 10} for r in range(2) for p in range(60)]
+    v = show_timeline(spans)
+    lay = v.figure.layout
+    assert len(v.model.lanes()) == 120
+    assert lay.height <= 90 + 34 * MAX_LANES <= 720  # no 4000 px page
+    assert tuple(lay.yaxis.range) == (MAX_LANES - 0.5, -0.5)  # the first lanes, top down
+    assert "of 120 lanes: drag or scroll" in lay.yaxis.title.text
+    assert v.figure._config["scrollZoom"] and lay.dragmode == "pan"
+    few = show_timeline(spans[:3]).figure.layout
+    assert few.yaxis.range is None and few.yaxis.title.text is None
+
+
+def test_the_communication_heavy_warning_wraps_instead_of_being_cut():
+    spans = [{"name": "mm", "kind": "compute", "rank": 0, "start_us": 0, "end_us": 10},
+             {"name": "ar", "kind": "comm", "rank": 0, "start_us": 10, "end_us": 5000}]
+    html = show_timeline(spans, threshold=1).warning.value
+    assert "communication-heavy" in html
+    assert "white-space:normal" in html and "ellipsis" not in html
+
+
 def test_pump_batches_updates_to_about_ten_per_second():
     p = Pump(max_rate=10)
     seen = []

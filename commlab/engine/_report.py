@@ -163,6 +163,9 @@ def parse_dump(text: str) -> list[list[tuple[str, int, str]]]:
     return threads
 
 
+_TRITON = "site-packages/triton/"
+
+
 def _is_commlab(path: str) -> bool:
     return "/commlab/" in path and "/commlab/engine/" not in path
 
@@ -208,6 +211,9 @@ def describe_stack(rank: int, dump: str, cell_lines: list[str] | None = None,
     if not full and outer is not None:
         cut = next(i for i, (f, _, _) in enumerate(frames) if _is_commlab(f)) + 1
         hidden, frames = len(frames) - cut, frames[:cut]
+    if not full:  # Triton's JIT and interpreter between a launch and the kernel's frame
+        kept = [fr for fr in frames if _TRITON not in fr[0]]
+        hidden, frames = hidden + len(frames) - len(kept), kept
     for f, ln, fn in frames:
         if CELL_FILE.search(f):
             src = ""
@@ -219,6 +225,6 @@ def describe_stack(rank: int, dump: str, cell_lines: list[str] | None = None,
             shown = ("commlab/" + shown) if "/commlab/" in f else shown
             out.append(f"    {shown}:{ln} in {fn}")
     if hidden:
-        out.append(f"    ({hidden} frame{'' if hidden == 1 else 's'} inside commlab hidden: "
-                   f"err.full_report has them)")
+        out.append(f"    ({hidden} frame{'' if hidden == 1 else 's'} inside commlab or Triton "
+                   f"hidden: err.full_report has them)")
     return "\n".join(out), outer is not None

@@ -75,8 +75,8 @@ class Waits:
                               "could_notify": could})
         g = _graph.build(nodes, chk.world)
         self.last = g
-        tail = " " + g["text"] + _where.schedule(chk)
+        lines = "".join(f"\n  {ln}." for ln in g["lines"])
         return (f"cl.wait/cl.barrier unsatisfied after {chk.wait_timeout:g} s on rank "
-                f"{chk.rank}. Wait-for graph: " + "; ".join(g["lines"]) + "." + tail +
-                " Call comm.recover() on every rank before the next collective.",
+                f"{chk.rank}. Wait-for graph:{lines}\n{g['text']}{_where.schedule(chk)}\n"
+                f"Call comm.recover() on every rank before the next collective.",
                 g["nodes"], g["cycle_ranks"])

@@ -19,6 +19,7 @@ from typing import Any
 from commlab.widgets._style import figure_widget, theme_layout
 
 CRIMSON, GREY = "#dc143c", "#8a8a8a"
+MARKER = 72  # px: "program 12" fits inside
 
 
 def graph_of(source, world: int | None = None) -> dict[str, Any]:
@@ -135,11 +136,11 @@ class WaitGraphView:
                                arrowhead=3 if a["head"] else 0,
                                arrowwidth=3 if a["cycle"] else 1.5,
                                arrowcolor=CRIMSON if a["cycle"] else GREY,
-                               standoff=30 if a["to_node"] else 0,
-                               startstandoff=30 if a["from_node"] else 0)
+                               standoff=MARKER // 2 + 2 if a["to_node"] else 0,
+                               startstandoff=MARKER // 2 + 2 if a["from_node"] else 0)
             if a["how"] == "last" and a["head"]:
                 fig.add_annotation(x=(a["x0"] + a["x1"]) / 2, y=(a["y0"] + a["y1"]) / 2,
-                                   text="last notified", showarrow=False,
+                                   text="last notified", showarrow=False, yshift=9,
                                    font={"size": 10, "color": GREY})
         junctions = [a for a in arrows if a["junction"]]
         if junctions:
@@ -153,13 +154,13 @@ class WaitGraphView:
             fig.add_scatter(x=[r["x"] for r in idle], y=[r["y"] for r in idle],
                             mode="markers+text", text=[r["label"] for r in idle],
                             name="rank not blocked", hoverinfo="skip",
-                            marker={"size": 58, "color": "rgba(0,0,0,0)",
+                            marker={"size": MARKER, "color": "rgba(0,0,0,0)",
                                     "line": {"color": GREY, "width": 1}})
         mk = m.markers()
         fig.add_scatter(x=[p["x"] for p in mk], y=[p["y"] for p in mk], mode="markers+text",
                         text=[p["label"] for p in mk], hovertext=[p["hover"] for p in mk],
                         hoverinfo="text", name="blocked program (crimson: deadlocked)",
-                        marker={"size": 58, "color": [
+                        marker={"size": MARKER, "color": [
                             "rgba(220,20,60,0.22)" if p["knot"] else "rgba(127,127,127,0.18)"
                             for p in mk], "line": {"width": 2, "color": [
                                 CRIMSON if p["knot"] else GREY for p in mk]}})
