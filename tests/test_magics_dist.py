@@ -186,6 +186,13 @@ def test_slow_rank_that_is_computing_is_not_reported_as_hung(ip):
     assert "rank 1 finished; waiting for rank 0" in cap.stderr, cap.stderr
 
 
+def test_a_live_line_counts_toward_the_timeout_while_every_rank_runs(ip):
+    cap = cell(ip, "import time\ntime.sleep(3)\nprint('slept')\n", "--timeout 20")
+    assert "slept" in cap.stdout
+    assert "ranks 0, 1 running; stacks reported at the --timeout (of 20 s)" in cap.stderr, \
+        cap.stderr
+
+
 def test_commbench_steps_its_progress_per_op_and_size(ip, monkeypatch):
     import commlab.widgets as widgets
 
