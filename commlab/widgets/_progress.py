@@ -55,11 +55,12 @@ class Progress:
 
             desc = self.desc + (f" (of {self.limit:g} s)" if self.limit is not None else "")
             with self._lock:
-                self.bar = tqdm(total=self.total, desc=desc, unit=self.unit,
-                                leave=False, bar_format="{desc}: {n}/{total} {postfix} "
-                                "[{elapsed}]" if self.total else None)
+                bar = tqdm(total=self.total, desc=desc, unit=self.unit,
+                           leave=False, bar_format="{desc}: {n}/{total} {postfix} "
+                           "[{elapsed}]" if self.total else None)
                 # elapsed counts from ``since`` (tqdm's clock is time.time)
-                self.bar.start_t = time.time() - (time.monotonic() - self.since)
+                bar.start_t = time.time() - (time.monotonic() - self.since)
+                self.bar = bar
             while not self._stop.wait(0.5):
                 self._show()
         except Exception:  # a progress bar must never fail the work it reports on
