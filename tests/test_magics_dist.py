@@ -193,6 +193,24 @@ def test_a_live_line_counts_toward_the_timeout_while_every_rank_runs(ip):
         cap.stderr
 
 
+KINETO_CELL = """import os, tempfile
+saved, err = os.dup(2), tempfile.TemporaryFile()
+os.dup2(err.fileno(), 2)  # kineto writes to fd 2, which a notebook shows in the cell
+try:
+    with torch.profiler.profile():
+        torch.ones(3) + 1
+finally:
+    os.dup2(saved, 2)
+err.seek(0)
+print("kineto lines:", err.read().decode().count("profiler_st"))
+"""
+
+
+def test_the_torch_profiler_on_ranks_prints_no_kineto_lines(ip):
+    out = cell(ip, KINETO_CELL).stdout
+    assert "kineto lines: 0" in out and "kineto lines: 2" not in out, out
+
+
 def test_commbench_steps_its_progress_per_op_and_size(ip, monkeypatch):
     import commlab.widgets as widgets
 

@@ -17,6 +17,7 @@ not wrapped.
 from __future__ import annotations
 
 import functools
+import os
 
 from commlab.errors import CollectiveTimeoutError
 from commlab.runtime import current_communicator
@@ -53,6 +54,9 @@ def install(shell) -> None:
     """Settle at the end of every cell ``shell`` runs (idempotent)."""
     if getattr(shell, _MARK, False):
         return
+    # kineto (torch.profiler) prints "profiler_start"/"profiler_stop" on every profile at
+    # its highest log level; a cell's output is the user's (read when a profile starts)
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     run = shell.run_cell_async
 
     @functools.wraps(run)
