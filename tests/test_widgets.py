@@ -91,6 +91,15 @@ def test_clicking_a_link_shows_its_per_link_detail():
     assert "DESIGN.md" not in x.model.topology.description + "".join(x.model.topology.sources)
 
 
+def test_the_topo_matrix_cells_keep_dark_text_on_their_light_backgrounds():
+    import re
+
+    x = TopologyExplorer(T.sample("2xh200-nv18"))
+    cells = re.findall(r"<td style='([^']*)'>", x.matrix.value)
+    coloured = [c for c in cells if "background:" in c]
+    assert coloured and all("color:#1a1a1a" in c for c in coloured), coloured
+
+
 def test_switched_topology_has_an_edge_colour_legend_and_labels_off_the_lines():
     x = TopologyExplorer(T.sample("8xh100-nvswitch"))
     assert {t.name for t in x.figure.data if t.showlegend is not False} == {
