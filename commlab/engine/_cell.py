@@ -11,14 +11,18 @@ the cell's own line that made the call (``Cell In[k], line L``).
 
 ``install(shell)`` wraps the engine shell's ``run_cell_async`` (ipykernel runs every
 cell through it, also via ``run_cell``); ``World.apply`` calls are not cells and are
-not wrapped.
+not wrapped. It also numbers cells as the notebook does (``numbered``: the first line
+``# commlab: In[n]`` that ``%%distributed`` sends), so tracebacks, kernel lines and hang
+reports say "Cell In[2], line 22" with JupyterLab's line numbers.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import re
 
+from commlab._interpreter.blocked import CELL_FILE
 from commlab.errors import CollectiveTimeoutError
 from commlab.runtime import current_communicator
 
@@ -69,7 +73,41 @@ def install(shell) -> None:
         return result
 
     shell.run_cell_async = run_cell_async
+    _number_cells(shell.compile)
     setattr(shell, _MARK, True)
+
+
+NUMBER_LINE = "# commlab: In[{n}]"  # %%distributed's first line on a rank
+_NUMBER = re.compile(r"\A# commlab: In\[(\d+)\]\n")
+
+
+def numbered(cell: str, n: int) -> str:
+    """``cell`` as a rank runs it for the notebook's cell ``n``: one first line naming
+    the cell, where JupyterLab shows ``%%distributed``, so line L on the rank is line L
+    in JupyterLab (unchanged when the cell starts with a cell magic of its own)."""
+    if cell.startswith("%%"):
+        return cell
+    return NUMBER_LINE.format(n=n) + "\n" + cell
+
+
+def _number_cells(compiler) -> None:
+    """A numbered cell's file name carries the notebook's number (``In<n>_<hash>.py``,
+    read by ``commlab._interpreter.blocked.cell_place`` and in stack dumps), and IPython's
+    tracebacks name it "Cell In[n]": each frame its own cell, as the notebook counts."""
+    get, fmt = compiler.get_code_name, compiler.format_code_name
+
+    def get_code_name(raw_code, transformed_code, number):
+        name = get(raw_code, transformed_code, number)
+        m = _NUMBER.match(raw_code or transformed_code or "")
+        if m is None:
+            return name
+        return os.path.join(os.path.dirname(name), f"In{m[1]}_{os.path.basename(name)}")
+
+    def format_code_name(name):
+        m = CELL_FILE.search(name)
+        return ("Cell", f"In[{m['cell']}]") if m and m["cell"] else fmt(name)
+
+    compiler.get_code_name, compiler.format_code_name = get_code_name, format_code_name
 
 
 def _report(shell, result, exc: BaseException) -> None:

@@ -215,11 +215,13 @@ def describe_stack(rank: int, dump: str, cell_lines: list[str] | None = None,
         kept = [fr for fr in frames if _TRITON not in fr[0]]
         hidden, frames = hidden + len(frames) - len(kept), kept
     for f, ln, fn in frames:
-        if CELL_FILE.search(f):
+        m = CELL_FILE.search(f)
+        if m:
             src = ""
             if cell_lines is not None and fn == "<module>" and 0 < ln <= len(cell_lines):
                 src = cell_lines[ln - 1].strip()
-            out.append(f"    cell, line {ln}, in {fn}" + (f":  {src}" if src else ""))
+            cell = f"Cell In[{m['cell']}]" if m["cell"] else "cell"
+            out.append(f"    {cell}, line {ln}, in {fn}" + (f":  {src}" if src else ""))
         else:
             shown = f.split("site-packages/")[-1].split("/commlab/")[-1]
             shown = ("commlab/" + shown) if "/commlab/" in f else shown

@@ -39,7 +39,7 @@ from collections import deque
 from collections.abc import Callable
 from types import FrameType
 
-from commlab._interpreter.blocked import CELL_FILE
+from commlab._interpreter.blocked import cell_place
 
 _OWN = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # commlab/
 
@@ -110,8 +110,7 @@ class Ahead:
                     # raised here, at a later call or synchronize(): say where the call was
                     e.ran_ahead_at = site  # type: ignore[attr-defined]
                     where = "" if site is None else (
-                        f", line {site[1]} of the cell" if CELL_FILE.search(site[0])
-                        else f" at {site[0]}:{site[1]}")
+                        f", {cell_place(*site) or f'{site[0]}:{site[1]}'}")
                     e.add_note(f"rank {b.rank} made this call ({sig.op} #{n}{where}) without "
                                f"waiting, as a repeat of its previous call; it was checked "
                                f"here, later")

@@ -28,12 +28,13 @@ SEQUENCE = [  # (source, raises): the new user's cells from issue 31
 ]
 
 
-def _notebook(path: Path) -> int:
+def _notebook(path: Path) -> tuple[int, int]:
     """Notebook 07 without its %dist_stop, then the sequence; returns the index of the
-    sequence's first cell."""
+    sequence's first cell and its execution count under Run All."""
     nb = nbformat.read(NOTEBOOK, as_version=4)
     cells = [c for c in nb.cells if "".join(c.source).strip() != "%dist_stop"]
     first = len(cells)
+    count = 1 + sum(c.cell_type == "code" for c in cells)
     for src, raises in SEQUENCE:
         c = nbformat.v4.new_code_cell(src)
         if raises:  # JupyterLab's Run All goes on past a cell tagged so (as nbval does)
@@ -43,7 +44,7 @@ def _notebook(path: Path) -> int:
               nbformat.v4.new_code_cell(f"print('{DONE}')")]
     nb.cells = cells
     nbformat.write(nb, path)
-    return first
+    return first, count
 
 
 def _outputs(page, index: int) -> str:
@@ -55,7 +56,7 @@ def _outputs(page, index: int) -> str:
 @pytest.mark.timeout(420)
 def test_notebook_07_on_3_ranks_and_a_run_ahead_mismatch_stay_in_their_cells(jupyterlab):
     base, token, root = jupyterlab
-    first = _notebook(root / "outcomes.ipynb")
+    first, count = _notebook(root / "outcomes.ipynb")
     with _chromium_page() as page:
         _open_and_run_all(page, base, token, "outcomes.ipynb")
         _wait_for_text(page, DONE, 330)
@@ -83,6 +84,7 @@ def test_notebook_07_on_3_ranks_and_a_run_ahead_mismatch_stay_in_their_cells(jup
     assert "[3.0, 3.0, 3.0, 3.0]" in seq[0], seq[0]
     assert "ZeroDivisionError on rank 2" in seq[1], seq[1]
     assert "RankMismatchError on ranks 0-2 (of 3)" in seq[2], seq[2]
-    assert "----> 1 commlab.all_reduce(torch.ones(4 + (rank == 1)))" in seq[2], seq[2]
+    assert f"Cell In[{count + 2}], line 2" in seq[2], seq[2]  # its cell, JupyterLab's line
+    assert "----> 2 commlab.all_reduce(torch.ones(4 + (rank == 1)))" in seq[2], seq[2]
     assert "next [3.0, 3.0]" in seq[3] and "Error" not in seq[3], seq[3]
     assert "Hang" not in seq[3] and "stayed blocked" not in seq[3], seq[3]
