@@ -154,6 +154,11 @@ def test_hang_report_shows_the_wait_for_graph_of_kernels_blocked_in_cl_wait(ip):
     # the cell's cl.wait line, numbered as JupyterLab shows it (%%distributed is line 1)
     assert re.search(r"at Cell In\[\d+\], line 7 waits", line), line
     assert "Cycle: rank 0 -> rank 1 -> rank 0" in report
+    g = ei.value.wait_graph  # the same graph, for commlab.widgets.show_wait_graph
+    assert g["cycle_ranks"] == [0, 1, 0] and len(g["nodes"]) == 3
+    from commlab.widgets import WaitGraphView
+
+    assert "Cycle: rank 0 -&gt; rank 1" in WaitGraphView(ei.value).verdict.value
     assert_world_works(ip)
 
 

@@ -94,8 +94,10 @@ class CellRun:
             self._end_wait_line()
         self.wait_kind = kind
         if kind == "timeout":
-            line = Progress(f"{ranks_str(sorted(running))} running; stacks reported at the "
-                            f"--timeout", limit=self.timeout, since=self.start + self.paused)
+            what = ("stacks reported at the --timeout" if self.timeout is not None else
+                    "Ctrl-C interrupts them; with --timeout S their stacks are reported")
+            line = Progress(f"{ranks_str(sorted(running))} running; {what}",
+                            limit=self.timeout, since=self.start + self.paused)
         else:
             done = sorted(set(self.msg) - running)
             line = Progress(f"{ranks_str(done)} finished; waiting for "
@@ -197,7 +199,7 @@ class CellRun:
         over = self.timeout is not None and now - self.start - self.paused > self.timeout
         if running and len(running) < len(self.msg) and self.first_done is None:
             self.first_done = now
-        if self.first_done is not None or self.timeout is not None:
+        if running:
             self._show_wait_line(running)
         late = self.first_done is not None and now - self.first_done > self.grace
         if not (over or late):
