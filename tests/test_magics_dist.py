@@ -468,3 +468,21 @@ def test_shape_mismatch_in_a_local_call_shows_the_users_frame_and_the_message(ip
         assert "_control.py" in full, full
     finally:
         commlab.finalize()
+
+
+def test_a_kernel_error_names_each_frame_by_its_own_cell_and_hides_triton(ip):
+    import sys
+
+    define = ip.execution_count
+    _shown(ip, "%%distributed\n@triton.jit\ndef bad_kernel(x_ptr):\n"
+               "    tl.store(x_ptr, undefined_name)\n")
+    call = ip.execution_count
+    shown = _shown(ip, "%%distributed\nx = torch.zeros(1)\nbad_kernel[(1,)](x)\n")
+    text = "\n".join(shown)
+    assert f"Cell In[{call}], line 3" in text, text  # the launch, in this cell
+    assert f"Cell In[{define}], line 4" in text, text  # the kernel's line, in its own cell
+    assert "triton/" not in text and "interpreter.py" not in text, text
+    assert "commlab/Triton frames hidden" in text, text
+    assert len(shown) <= 10, text
+    assert "site-packages/triton/" in sys.last_value.full_traceback
+    assert_world_works(ip)

@@ -42,8 +42,11 @@ def finish(error: BaseException | None) -> BaseException | None:
     """The cell's error once its collectives are settled: ``error`` (what the cell itself
     raised, or None) unless a call that ran ahead mismatched; that call came first, so
     its RankMismatchError is the rank's error (``error`` named in a note)."""
-    if isinstance(error, CollectiveTimeoutError):
-        return error  # a peer is missing: its timeout says so; waiting again won't help
+    if isinstance(error, (CollectiveTimeoutError, KeyboardInterrupt)):
+        # a peer is missing (its timeout says so) or the notebook interrupted the ranks
+        # and recovers them next (comm.recover() forgets what ran ahead): waiting for
+        # peers to publish here would only hold the rank
+        return error
     try:
         settle()
     except BaseException as e:  # noqa: BLE001 (a KeyboardInterrupt here is the cell's too)
