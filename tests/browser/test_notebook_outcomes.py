@@ -14,12 +14,22 @@ from tests.browser.test_widgets_render import (
     DONE,
     SHOTS,
     _chromium_page,
+    _corner_pixels,
+    _dark_theme,
     _open_and_run_all,
+    _rgb,
     _wait_for_text,
     nbformat,
 )
 
 NOTEBOOK = Path(__file__).parents[2] / "notebooks" / "07-find-the-race.ipynb"
+# each wait graph's width against its output area's; the verdict lines' text colour
+WIDTH_JS = """() => Array.from(document.querySelectorAll('.js-plotly-plot'))
+  .map(p => [p.getBoundingClientRect().width,
+             p.closest('.jp-OutputArea-output').getBoundingClientRect().width])"""
+VERDICT_JS = """() => Array.from(document.querySelectorAll('.jp-OutputArea-output div'))
+  .filter(d => (d.textContent || '').startsWith('Wait-for graph.'))
+  .map(d => getComputedStyle(d).color)"""
 SEQUENCE = [  # (source, raises): the new user's cells from issue 31
     ("%%distributed\nprint(commlab.all_reduce(torch.full((4,), float(rank))).tolist())", False),
     ("%%distributed\nif rank == 2:\n    1/0", True),
@@ -71,6 +81,13 @@ def test_notebook_07_on_3_ranks_and_a_run_ahead_mismatch_stay_in_their_cells(jup
             graphs.nth(i).scroll_into_view_if_needed()
             graphs.nth(i).screenshot(path=str(SHOTS / f"wait-graph-{i}.png"))
         page.screenshot(path=str(SHOTS / "outcomes.png"), full_page=True)
+        widths = page.evaluate(WIDTH_JS)
+        _dark_theme(page)
+        page.wait_for_timeout(500)
+        graphs.nth(0).scroll_into_view_if_needed()
+        graphs.nth(0).screenshot(path=str(SHOTS / "dark-wait-graph.png"))
+        dark = _corner_pixels(page, graphs.nth(0))
+        verdict = page.evaluate(VERDICT_JS)
     for bad in ("Error displaying widget", "Failed to load model class", "model not found"):
         assert bad not in text, bad
     # notebook 07: 3 ranks, the knot of OR-waits, then the ring named from the history
@@ -80,6 +97,11 @@ def test_notebook_07_on_3_ranks_and_a_run_ahead_mismatch_stay_in_their_cells(jup
     assert "last notified by rank 2" in text
     assert "Cycle: rank 0 -> rank 2 -> rank 1 -> rank 0" in text
     assert "Wait-for graph." in text  # the widget's verdict line
+    # the graphs fill their output area, and stay readable in the dark theme: the
+    # figure's background is the notebook's, the verdict's text light
+    assert len(widths) >= 2 and all(w >= 0.95 * area for w, area in widths), widths
+    assert all(sum(p) / 3 < 80 for p in dark), dark
+    assert verdict and all(sum(_rgb(c)[:3]) / 3 > 150 for c in verdict), verdict
     # issue 31's sequence: each cell's outcome in that cell
     assert "[3.0, 3.0, 3.0, 3.0]" in seq[0], seq[0]
     assert "ZeroDivisionError on rank 2" in seq[1], seq[1]
