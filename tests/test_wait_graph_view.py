@@ -11,7 +11,7 @@ from commlab.widgets import WaitGraphModel, WaitGraphView
 
 
 def node(rank, program=0, could=None, **kw):
-    return {"rank": rank, "program": program, "where": "line 6 of the cell", "kind": "wait",
+    return {"rank": rank, "program": program, "where": "Cell In[2], line 7", "kind": "wait",
             "flag_rank": rank, "flag_offset": 0x1000, "op": ">=", "wants": 1, "holds": 0,
             "could_notify": could, **kw}
 
