@@ -38,6 +38,7 @@ from commlab.runtime import (  # noqa: E402
     init,
     symmetric_empty,
     symmetric_zeros,
+    synchronize,
 )
 
 _torch_backend.register()  # dist.init_process_group("commlab"): nothing is built yet
@@ -49,7 +50,7 @@ __all__ = [
     "DataRaceError", "WaitTimeoutError", "racecheck",
     "HeapFullError", "RankMismatchError", "all_gather", "all_reduce", "all_to_all",
     "barrier", "broadcast", "finalize", "get_communicator", "init", "reduce_scatter",
-    "symmetric_empty", "symmetric_zeros", "trace",
+    "symmetric_empty", "symmetric_zeros", "synchronize", "trace",
 ]
 
 

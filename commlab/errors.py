@@ -39,10 +39,13 @@ class DataRaceError(CommlabError):
 class WaitTimeoutError(CollectiveTimeoutError):
     """A ``cl.wait``/``cl.barrier`` under ``commlab.racecheck(wait_timeout=...)`` stayed
     unsatisfied; the message holds the wait-for graph, ``.graph`` the same as one dict
-    per blocked rank and ``.cycle`` the ranks of a cycle (or [])."""
+    per blocked program, ``.cycle`` the ranks of a known cycle (or []) and
+    ``.wait_graph`` the whole graph (OR-waits, the knot; ``commlab.widgets.WaitGraphView``
+    draws it)."""
 
     graph: list = []
     cycle: list = []
+    wait_graph: dict | None = None
 
 
 # -- short tracebacks in notebooks ---------------------------------------------------------
@@ -52,17 +55,22 @@ class WaitTimeoutError(CollectiveTimeoutError):
 # every traceback in full with ``commlab.errors.FULL_TRACEBACKS = True`` (or the environment
 # variable COMMLAB_FULL_TRACEBACKS=1 before the kernel starts).
 FULL_TRACEBACKS = bool(_config.get("COMMLAB_FULL_TRACEBACKS"))
-HINT = ("({n} commlab frame{s} hidden: err.full_traceback has them, "
+HINT = ("({n} commlab/Triton frame{s} hidden: err.full_traceback has them, "
         "commlab.errors.FULL_TRACEBACKS = True shows every traceback in full)")
 _OWN_DIRS = tuple(os.path.dirname(os.path.abspath(p)) + os.sep for p in (
     __file__, os.path.join(os.path.dirname(__file__), "..", "magics", "__init__.py")))
 
 
+_HIDDEN_PACKAGES = tuple(f"site-packages{os.sep}{p}{os.sep}"
+                         for p in ("commlab", "ipyparallel", "triton"))
+
+
 def is_internal(path: str) -> bool:
-    """Whether a traceback frame's file is commlab's own code (or ipyparallel's plumbing)."""
+    """Whether a traceback frame's file is plumbing the user did not write: commlab's own
+    code, Triton's (its JIT and interpreter, between a launch and the kernel's frame) or
+    ipyparallel's."""
     path = os.path.abspath(path) if path and not path.startswith("<") else path
-    return (path.startswith(_OWN_DIRS) or f"site-packages{os.sep}commlab{os.sep}" in path
-            or f"site-packages{os.sep}ipyparallel{os.sep}" in path)
+    return path.startswith(_OWN_DIRS) or any(p in path for p in _HIDDEN_PACKAGES)
 
 
 def notebook_traceback(shell, etype, value, tb, tb_offset=None) -> list[str]:

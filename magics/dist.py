@@ -174,14 +174,18 @@ class DistMagics(Magics):
             if args.ranks is not None:
                 raise UsageError("--racecheck runs on every rank: drop --ranks")
             _world().apply(start, shuffle=args.shuffle, seed=args.seed or 0)
+        from commlab.engine import numbered
+
+        # IPython counts the running cell before it runs: its number is one less
+        n = max(1, self.shell.execution_count - 1)
+        code = numbered(cell, n)  # ranks name this cell In[n], lines as JupyterLab counts
         try:
-            spans = _world().run_cell(cell, ranks=args.ranks, timeout=args.timeout,
+            spans = _world().run_cell(code, ranks=args.ranks, timeout=args.timeout,
                                       grace=args.grace, trace=args.trace)
         except (DistributedError, HangError) as e:
             failed = e if isinstance(e, DistributedError) else e.failures
-            if failed is not None:  # rank tracebacks name this notebook's cell: IPython
-                # counts the running cell before it runs, so it is one less than the count
-                failed.cell_number = max(1, self.shell.execution_count - 1)
+            if failed is not None and code == cell:  # not numbered: name this cell
+                failed.cell_number = n
             raise
         finally:
             if args.racecheck:

@@ -174,10 +174,28 @@ def test_record_bandwidths_from_bytes_and_time():
     assert r.busbw_gbps == pytest.approx(r.algbw_gbps)
 
 
+def test_cpu_bandwidths_are_shown_in_mb_per_s_where_gb_per_s_would_read_zero():
+    cpu = [Record.measured(op="all_reduce", impl="gloo", dtype="float32", nbytes=4096,
+                           world_size=2, time_us=900.0, device="cpu", commit="x",
+                           mode="eager")]  # 4.6 MB/s
+    table = bench.format_table(cpu)
+    assert "busbw MB/s" in table and "GB/s" not in table.splitlines()[0]
+    assert "4.55" in table, table  # not 0.00
+    fig = bench.figure(cpu)
+    assert fig.layout.yaxis2.title.text == "busbw (MB/s)"
+    assert fig.data[1].y[0] == pytest.approx(4.55, rel=0.01)
+    gpu = [Record.measured(op="all_reduce", impl="nccl", dtype="bfloat16", nbytes=1 << 30,
+                           world_size=2, time_us=3289.0, device="H200", commit="x",
+                           mode="eager")]
+    assert "busbw GB/s" in bench.format_table(gpu)
+
+
 def test_sizes_parse_and_ranges_are_inclusive():
     assert bench.parse_size("64KiB") == 65536 and bench.parse_size("1GiB") == 1 << 30
     assert bench.parse_size("8") == 8 and bench.parse_size("2MB") == 2_000_000
-    assert size_range(8, "1GiB", 4)[-1] == 1 << 29 and size_range(8, 32, 2) == [8, 16, 32]
+    assert size_range(8, 32, 2) == [8, 16, 32]
+    # --max is measured even off the factor's grid (8 * 4^k never hits 1 MiB)
+    assert size_range(8, "1MiB", 4)[-2:] == [1 << 19, 1 << 20]
     with pytest.raises(ValueError, match="64KiB"):
         bench.parse_size("lots")
 

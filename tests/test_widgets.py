@@ -91,6 +91,15 @@ def test_clicking_a_link_shows_its_per_link_detail():
     assert "DESIGN.md" not in x.model.topology.description + "".join(x.model.topology.sources)
 
 
+def test_the_topo_matrix_cells_keep_dark_text_on_their_light_backgrounds():
+    import re
+
+    x = TopologyExplorer(T.sample("2xh200-nv18"))
+    cells = re.findall(r"<td style='([^']*)'>", x.matrix.value)
+    coloured = [c for c in cells if "background:" in c]
+    assert coloured and all("color:#1a1a1a" in c for c in coloured), coloured
+
+
 def test_switched_topology_has_an_edge_colour_legend_and_labels_off_the_lines():
     x = TopologyExplorer(T.sample("8xh100-nvswitch"))
     assert {t.name for t in x.figure.data if t.showlegend is not False} == {
@@ -136,6 +145,30 @@ def test_timeline_labels_its_times_in_ms_and_fills_the_output_width():
     assert "<td>2,498</td>" in v.metrics.value and "comm ms" in v.metrics.value
     assert v.figure.layout.width is None and v.figure.layout.autosize
     assert v.figure._config["responsive"] and v.widget.layout.width == "100%"
+
+
+def test_a_trace_with_120_lanes_fits_one_screen_and_scrolls_inside_the_figure():
+    from commlab.widgets._timeline import MAX_LANES
+
+    spans = [{"name": "tile", "kind": "compute", "rank": r, "lane": f"program {p}",
+              "start_us": p, "end_us": p + 10} for r in range(2) for p in range(60)]
+    v = show_timeline(spans)
+    lay = v.figure.layout
+    assert len(v.model.lanes()) == 120
+    assert lay.height <= 90 + 34 * MAX_LANES <= 720  # no 4000 px page
+    assert tuple(lay.yaxis.range) == (MAX_LANES - 0.5, -0.5)  # the first lanes, top down
+    assert "of 120 lanes: drag or scroll" in lay.yaxis.title.text
+    assert v.figure._config["scrollZoom"] and lay.dragmode == "pan"
+    few = show_timeline(spans[:3]).figure.layout
+    assert few.yaxis.range is None and few.yaxis.title.text is None
+
+
+def test_the_communication_heavy_warning_wraps_instead_of_being_cut():
+    spans = [{"name": "mm", "kind": "compute", "rank": 0, "start_us": 0, "end_us": 10},
+             {"name": "ar", "kind": "comm", "rank": 0, "start_us": 10, "end_us": 5000}]
+    html = show_timeline(spans, threshold=1).warning.value
+    assert "communication-heavy" in html
+    assert "white-space:normal" in html and "ellipsis" not in html
 
 
 def test_pump_batches_updates_to_about_ten_per_second():

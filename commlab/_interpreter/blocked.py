@@ -27,22 +27,32 @@ _SKIP = (os.sep + "triton" + os.sep, os.sep + "numpy" + os.sep,
          os.sep + os.path.join("commlab", "language.py"))
 _POLLS: dict = {}  # thread id -> [key, since, registered]
 _BLOCKED: dict = {}  # thread id -> the registered wait (a JSON-able dict)
-# a notebook cell's file (ipykernel's temp file, or older IPython's input name)
-CELL_FILE = re.compile(r"(ipykernel_\d+/\d+\.py|<ipython-input-[\d-]+>)")
+# a notebook cell's file (ipykernel's temp file, or older IPython's input name); a
+# %%distributed cell's file on a rank carries the notebook's cell number (In<n>_...,
+# commlab.engine._cell)
+CELL_FILE = re.compile(r"(ipykernel_\d+/(?:In(?P<cell>\d+)_)?\d+\.py|<ipython-input-[\d-]+>)")
+
+
+def cell_place(filename: str, line: int) -> str | None:
+    """"Cell In[n], line L" for a notebook cell whose number the file names, "line L of
+    the cell" for another cell file, None for a file that is not a cell."""
+    m = CELL_FILE.search(filename)
+    if m is None:
+        return None
+    return f"Cell In[{m['cell']}], line {line}" if m["cell"] else f"line {line} of the cell"
 
 
 def kernel_line() -> str:
     """``file:LINE`` of the innermost frame that is kernel code (not Triton, not the
-    device language's helpers, not commlab's checkers; "line L of the cell" for a
-    notebook cell); the language's line if none."""
+    device language's helpers, not commlab's checkers; "Cell In[n], line L" for a
+    notebook cell, ``cell_place``); the language's line if none."""
     f: FrameType | None = sys._getframe(1)
     first = None
     while f is not None:
         name = f.f_code.co_filename
         if not any(s in name for s in _SKIP) and not name.startswith("<frozen"):
-            if CELL_FILE.search(name):  # a notebook cell: its temp file's name means nothing
-                return f"line {f.f_lineno} of the cell"
-            return f"{os.path.basename(name)}:{f.f_lineno}"
+            # a notebook cell: its temp file's name means nothing, its number does
+            return cell_place(name, f.f_lineno) or f"{os.path.basename(name)}:{f.f_lineno}"
         if first is None and name.endswith("language.py"):
             first = f"{os.path.basename(name)}:{f.f_lineno}"
         f = f.f_back

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from commlab.bench._records import Record, fmt_bytes
+from commlab.bench._records import Record, bw_unit, fmt_bytes
 from commlab.widgets import byte_axis, impl_colors, style_figure
 
 _DASH = {"eager": "solid", "graph": "dot"}
@@ -10,7 +10,8 @@ ROW_PX = 340  # per op: room for two readable panels whatever the number of trac
 
 
 def figure(records, *, peak_gbps: float | None = None, title: str = ""):
-    """One row per op: latency (µs, log-log) left, busbw (GB/s) right; one line per
+    """One row per op: latency (µs, log-log) left, busbw (GB/s; MB/s when every value is
+    below 1 GB/s) right; one line per
     (impl, mode), one colour per impl (the same in every commlab figure), the legend
     beside the plots. ``peak_gbps`` draws the link's line rate on the busbw panels."""
     from plotly.subplots import make_subplots
@@ -23,6 +24,7 @@ def figure(records, *, peak_gbps: float | None = None, title: str = ""):
                                         (f"{op}: latency", f"{op}: bus bandwidth")])
     impls = sorted({r.impl for r in recs})
     color = impl_colors(impls)
+    unit, k = bw_unit([r.busbw_gbps for r in recs])  # MB/s on the CPU backend
     for row, op in enumerate(ops, start=1):
         for impl in impls:
             for mode in ("eager", "graph"):
@@ -38,14 +40,14 @@ def figure(records, *, peak_gbps: float | None = None, title: str = ""):
                 fig.add_scatter(y=[r.time_us for r in pts], row=row, col=1,
                                 showlegend=row == 1, hovertemplate="%{text}: %{y:.1f} µs",
                                 **common)
-                fig.add_scatter(y=[r.busbw_gbps for r in pts], row=row, col=2,
-                                showlegend=False, hovertemplate="%{text}: %{y:.2f} GB/s",
+                fig.add_scatter(y=[r.busbw_gbps * k for r in pts], row=row, col=2,
+                                showlegend=False, hovertemplate=f"%{{text}}: %{{y:.3g}} {unit}",
                                 **common)
         if peak_gbps:
-            fig.add_hline(y=peak_gbps, line_dash="dash", line_color="gray", row=row, col=2,
-                          annotation_text=f"link peak {peak_gbps:g} GB/s")
+            fig.add_hline(y=peak_gbps * k, line_dash="dash", line_color="gray", row=row, col=2,
+                          annotation_text=f"link peak {peak_gbps * k:g} {unit}")
         fig.update_yaxes(type="log", title_text="latency (µs)", row=row, col=1)
-        fig.update_yaxes(title_text="busbw (GB/s)", row=row, col=2)
+        fig.update_yaxes(title_text=f"busbw ({unit})", row=row, col=2)
     fig.update_xaxes(**byte_axis([r.bytes for r in recs], title="message size"))
     fig.update_layout(height=ROW_PX * max(1, len(ops)) + 60,
                       title={"text": title or "commlab benchmark", "x": 0, "xanchor": "left"},

@@ -84,7 +84,8 @@ def parse_size(text) -> int:
 
 
 def size_range(lo, hi, factor: int = 2) -> list[int]:
-    """Sizes lo, lo·factor, … up to hi (inclusive), in bytes."""
+    """Sizes lo, lo·factor, … and hi itself (the largest size asked for is always
+    measured, also off the factor's grid), in bytes."""
     lo, hi = parse_size(lo), parse_size(hi)
     if lo <= 0 or hi < lo or factor < 2:
         raise ValueError(f"size range needs 0 < min <= max and factor >= 2, "
@@ -94,7 +95,16 @@ def size_range(lo, hi, factor: int = 2) -> list[int]:
     while s <= hi:
         out.append(s)
         s *= factor
+    if out[-1] != hi:
+        out.append(hi)
     return out
+
+
+def bw_unit(gbps_values) -> tuple[str, float]:
+    """("GB/s", 1) or, when every value is below 1 GB/s (the CPU backend), ("MB/s",
+    1000): the unit that shows a value instead of 0.00."""
+    vals = [v for v in gbps_values if v]
+    return ("MB/s", 1000.0) if vals and max(vals) < 1 else ("GB/s", 1.0)
 
 
 def fmt_bytes(n: int) -> str:
@@ -188,14 +198,15 @@ def write_records(path, records: list[Record]) -> Path:
 
 def format_table(records: list[Record], peak_gbps: float | None = None) -> str:
     """A plain-text table, one line per record, grouped by op and size."""
+    unit, k = bw_unit([r.busbw_gbps for r in records] + [r.algbw_gbps for r in records])
     head = (f"{'op':<15}{'mode':<6}{'dtype':<9}{'bytes':>10}  {'impl':<28}{'time µs':>10}"
-            f"{'algbw GB/s':>12}{'busbw GB/s':>12}")
+            f"{'algbw ' + unit:>12}{'busbw ' + unit:>12}")
     if peak_gbps:
         head += f"{'% peak':>8}"
     lines = [head, "-" * len(head)]
     for r in sorted(records, key=lambda r: (r.op, r.mode, r.dtype, r.bytes, r.time_us)):
         line = (f"{r.op:<15}{r.mode:<6}{r.dtype:<9}{fmt_bytes(r.bytes):>10}  {r.impl:<28}"
-                f"{r.time_us:>10.1f}{r.algbw_gbps:>12.2f}{r.busbw_gbps:>12.2f}")
+                f"{r.time_us:>10.1f}{r.algbw_gbps * k:>12.2f}{r.busbw_gbps * k:>12.2f}")
         if peak_gbps:
             line += f"{100 * r.busbw_gbps / peak_gbps:>7.1f}%"
         lines.append(line)

@@ -68,7 +68,8 @@ class DistributedError(CommlabError):
     """A cell (or ``World.apply``) failed on some ranks.
 
     ``failures`` maps rank -> (exception name, message, traceback text); the message
-    groups ranks whose tracebacks are identical: "ZeroDivisionError on ranks 1, 3"."""
+    groups ranks whose tracebacks show the same user frames and message:
+    "ZeroDivisionError on ranks 1, 3"."""
 
     def __init__(self, failures: dict[int, tuple[str, str, str]], world_size: int,
                  extra: str = ""):
@@ -80,9 +81,12 @@ class DistributedError(CommlabError):
         self._text: dict[tuple[str, str], str] = {}
         for r in sorted(failures):
             ename, evalue, tb = failures[r]
-            # engines count their cells apart: In[k] differs between identical failures
-            key = (f"{ename}: {evalue}" if evalue else ename,
-                   _CELL_NO.sub("Cell In[]", strip_ansi(tb)))
+            # ranks whose tracebacks show the same frames of the user's and the same
+            # message are one group (commlab's hidden frames may differ: a call that ran
+            # ahead raises from the cell's end); engines count their cells apart, so
+            # In[k] is not compared
+            head = f"{ename}: {evalue}" if evalue else ename
+            key = (head, _CELL_NO.sub("Cell In[]", "\n".join(short_traceback(tb, head)[0])))
             self.groups.setdefault(key, []).append(r)
             self._text.setdefault(key, strip_ansi(tb))  # the first rank's, as it came
         heads = [f"{head.split(':')[0]} on {ranks_str(rs)}" for (head, _), rs in
@@ -121,13 +125,15 @@ class DistributedError(CommlabError):
 
 class HangError(CommlabError):
     """Some ranks stayed blocked (a collective that not every rank called, a deadlock):
-    the report shows each blocked rank's stack and the collective it waits in."""
+    the report shows each blocked rank's stack and the collective it waits in;
+    ``wait_graph`` the kernels' wait-for graph (``commlab.widgets.WaitGraphView``)."""
 
     def __init__(self, report: str, failures: DistributedError | None = None,
                  full_report: str = ""):
         self.report = report
         self.full_report = full_report or report  # with every frame of each stack
         self.failures = failures
+        self.wait_graph: dict | None = None  # racecheck.wait_graph of the blocked kernels
         super().__init__(report)
 
     def _render_traceback_(self) -> list[str]:
@@ -155,6 +161,9 @@ def parse_dump(text: str) -> list[list[tuple[str, int, str]]]:
             if m:
                 cur.append((m["file"], int(m["line"]), m["func"]))
     return threads
+
+
+_TRITON = "site-packages/triton/"
 
 
 def _is_commlab(path: str) -> bool:
@@ -202,17 +211,22 @@ def describe_stack(rank: int, dump: str, cell_lines: list[str] | None = None,
     if not full and outer is not None:
         cut = next(i for i, (f, _, _) in enumerate(frames) if _is_commlab(f)) + 1
         hidden, frames = len(frames) - cut, frames[:cut]
+    if not full:  # Triton's JIT and interpreter between a launch and the kernel's frame
+        kept = [fr for fr in frames if _TRITON not in fr[0]]
+        hidden, frames = hidden + len(frames) - len(kept), kept
     for f, ln, fn in frames:
-        if CELL_FILE.search(f):
+        m = CELL_FILE.search(f)
+        if m:
             src = ""
             if cell_lines is not None and fn == "<module>" and 0 < ln <= len(cell_lines):
                 src = cell_lines[ln - 1].strip()
-            out.append(f"    cell, line {ln}, in {fn}" + (f":  {src}" if src else ""))
+            cell = f"Cell In[{m['cell']}]" if m["cell"] else "cell"
+            out.append(f"    {cell}, line {ln}, in {fn}" + (f":  {src}" if src else ""))
         else:
             shown = f.split("site-packages/")[-1].split("/commlab/")[-1]
             shown = ("commlab/" + shown) if "/commlab/" in f else shown
             out.append(f"    {shown}:{ln} in {fn}")
     if hidden:
-        out.append(f"    ({hidden} frame{'' if hidden == 1 else 's'} inside commlab hidden: "
-                   f"err.full_report has them)")
+        out.append(f"    ({hidden} frame{'' if hidden == 1 else 's'} inside commlab or Triton "
+                   f"hidden: err.full_report has them)")
     return "\n".join(out), outer is not None

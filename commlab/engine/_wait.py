@@ -27,7 +27,7 @@ from commlab.engine._report import (
     ranks_str,
     strip_ansi,
 )
-from commlab.racecheck import wait_graph_text
+from commlab.racecheck import wait_graph, wait_graph_text
 
 GRACE_S = _config.get("COMMLAB_HANG_GRACE")  # %%distributed --grace overrides
 INTERRUPT_WAIT_S = 5.0  # how long an interrupted rank may take before it is restarted
@@ -61,6 +61,7 @@ class CellRun:
         self.paused = 0.0  # seconds spent in the debugger (not counted by --timeout)
         # the progress line (commlab.widgets.Progress) while finished ranks wait for others
         self.wait_line: Any = None
+        self.wait_kind = ""  # what the line counts toward: "timeout" or "grace"
 
     def running(self) -> set[int]:
         return {r for r, f in self.fut.items() if not f.done()}
@@ -81,16 +82,29 @@ class CellRun:
         return self._finish()
 
     def _show_wait_line(self, running: set[int]) -> None:
-        """Some ranks finished, the others still run: say so (after ~2 s, ticking) until
-        they finish or the hang report comes."""
-        if self.wait_line is not None:
-            return
+        """Say what the cell waits for (after ~2 s, ticking, counting toward the limit)
+        until the ranks finish or the hang report comes: while every rank runs, the
+        seconds toward ``--timeout``; once some finished, toward ``grace``."""
         from commlab.widgets import Progress
 
-        done = sorted(set(self.msg) - running)
-        self.wait_line = Progress(f"{ranks_str(done)} finished; waiting for "
-                                  f"{ranks_str(sorted(running))} (stacks reported if blocked "
-                                  f"in a collective for {self.grace:g} s)").__enter__()
+        kind = "grace" if len(running) < len(self.msg) else "timeout"
+        if self.wait_line is not None:
+            if self.wait_kind == kind:
+                return
+            self._end_wait_line()
+        self.wait_kind = kind
+        if kind == "timeout":
+            what = ("stacks reported at the --timeout" if self.timeout is not None else
+                    "Ctrl-C interrupts them; with --timeout S their stacks are reported")
+            line = Progress(f"{ranks_str(sorted(running))} running; {what}",
+                            limit=self.timeout, since=self.start + self.paused)
+        else:
+            done = sorted(set(self.msg) - running)
+            line = Progress(f"{ranks_str(done)} finished; waiting for "
+                            f"{ranks_str(sorted(running))} (stacks reported if blocked in a "
+                            f"collective for {self.grace:g} s)", limit=self.grace,
+                            since=self.first_done)
+        self.wait_line = line.__enter__()
 
     def _end_wait_line(self) -> None:
         if self.wait_line is not None:
@@ -185,14 +199,14 @@ class CellRun:
         over = self.timeout is not None and now - self.start - self.paused > self.timeout
         if running and len(running) < len(self.msg) and self.first_done is None:
             self.first_done = now
-        if self.first_done is not None:
+        if running:
             self._show_wait_line(running)
         late = self.first_done is not None and now - self.first_done > self.grace
         if not (over or late):
             return
         stacks, waits = self.world.dump_stacks(sorted(running))
-        graph = wait_graph_text([n for r in sorted(waits) for n in waits[r]],
-                                len(self.world.ranks))
+        nodes = [n for r in sorted(waits) for n in waits[r]]
+        graph = wait_graph_text(nodes, len(self.world.ranks))
         parts, whole, in_commlab = [], [], bool(graph)
         for r in sorted(running):
             text, inside = describe_stack(r, stacks.get(r, ""), self.cell_lines)
@@ -215,8 +229,11 @@ class CellRun:
         report.append(self._recover(sorted(running)))
         self.out.pump(set(), final=True)
         full = [report[0], *whole, *report[1 + len(parts):]]
-        raise HangError("\n".join(report), self._failures(ignore=set(running)),
+        err = HangError("\n".join(report), self._failures(ignore=set(running)),
                         full_report="\n".join(full))
+        # for commlab.widgets.WaitGraphView: the same graph the report's text names
+        err.wait_graph = wait_graph(nodes, len(self.world.ranks)) if nodes else None
+        raise err
 
     # -- recovery -------------------------------------------------------------------------
     def _settle(self, ranks: list[int], limit: float) -> list[int]:

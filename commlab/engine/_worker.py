@@ -17,7 +17,7 @@ import triton.language as tl
 
 import commlab
 import commlab.language as cl
-from commlab.engine import _debugger
+from commlab.engine import _cell, _debugger
 
 
 def join(rank: int, world_size: int, master: str, port: int, backend: str,
@@ -74,6 +74,7 @@ def _set_user_names(comm) -> None:
         return
     ip.user_ns.update(commlab=commlab, torch=torch, triton=triton, tl=tl, cl=cl, comm=comm,
                       rank=comm.rank, world_size=comm.world_size)
+    _cell.install(ip)  # each cell's collectives are checked before the cell returns
 
 
 def _shell():

@@ -51,12 +51,16 @@ def _place(heap, addr: int) -> tuple[int, int | None]:
 
 
 def _could(e, owner, heap, off, world) -> list[int] | None:
+    return mailbox_writer(e["kind"], e["wants"], owner, heap, off)
+
+
+def mailbox_writer(kind: str, wants: int, owner: int, heap, off) -> list[int] | None:
     """A barrier mailbox (program p, source s) is filled by s and emptied by its owner;
-    a cl.wait flag may be notified by any rank (None)."""
-    if e["kind"] != "barrier" or off is None:
+    who may notify a cl.wait flag is not known (None: ``_graph`` decides)."""
+    if kind != "barrier" or off is None:
         return None
     src = ((off - heap.layout.signal_pad) // 4) % MAX_WORLD
-    return [owner] if e["wants"] == 0 else [src]
+    return [owner] if wants == 0 else [src]
 
 
 def _name(names: dict | None, heap, off: int) -> str | None:

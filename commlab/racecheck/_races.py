@@ -68,31 +68,34 @@ def message(chk, first, later) -> str:
     lo, hi = max(first[1], later[1]), min(first[2], later[2])
     what = _where.region(chk.comm.heap, first[0], lo, hi)
     verb = {True: "stored to", False: "loaded"}
-    head = (f"data race on {what}: {_who(first)} {verb[first[3]]} it and "
-            f"{_who(later)} {verb[later[3]]} it, with no happens-before between them. ")
+    # like ThreadSanitizer's: each access on its own line, then the missing order
+    head = (f"data race on {what}:\n"
+            f"  {_who(first)} {verb[first[3]]} it\n"
+            f"  {_who(later)} {verb[later[3]]} it\n"
+            f"with no happens-before between them. ")
     if first[4] == later[4] and first[10][0] == later[10][0]:
         p, q = sorted((first[5][0], later[5][0]))
         why = (f"Programs {p} and {q} of one launch run concurrently "
                f"(as on a GPU, in any order): order "
                f"them with a cl.notify/cl.wait pair, or put the second access in a later "
-               f"launch")
+               f"launch.")
     else:
         writes = [x for x in (first, later) if x[3]]
         if len(writes) == 2:
             w, o = later, first
             why = (f"neither store is ordered after the other: rank {w[4]} stored before any "
-                   f"wait that follows rank {o[4]}'s notify after its store at {o[9]}")
+                   f"wait that follows rank {o[4]}'s notify after its store at {o[9]}.")
         else:
             o, w = writes[0], first if writes[0] is later else later
             if w[11] == 0:  # the loading program had not completed a wait in its launch
                 why = (f"rank {w[4]} loaded it before any wait that follows rank {o[4]}'s "
                        f"notify: rank {o[4]} should cl.notify after its store at {o[9]} and "
-                       f"rank {w[4]} cl.wait for that value before loading")
+                       f"rank {w[4]} cl.wait for that value before loading.")
             else:
                 why = (f"rank {w[4]} loaded it before any wait that follows rank {o[4]}'s "
                        f"notify after that store (its wait saw an earlier signal, or a value "
                        f"already there), and rank {o[4]} stored it before any wait that "
                        f"follows rank {w[4]}'s notify after that load: wait for a value "
                        f"only this round's signal makes, and reuse a buffer only after the "
-                       f"reader said it is done")
+                       f"reader said it is done.")
     return head + why

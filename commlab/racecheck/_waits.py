@@ -4,7 +4,7 @@ A blocked ``cl.wait``/``cl.barrier`` polls from the host; past ``wait_timeout`` 
 rank publishes what each of its blocked programs waits for (program, ``file:line``,
 flag, wanted and held value) in the shared sync log, gives the other ranks a moment to
 do the same, and raises ``WaitTimeoutError`` with every blocked program's entry, who
-last notified each flag, who could, and any cycle (``_graph``).
+last notified each flag, who could, and the deadlock if one is known (``_graph``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from commlab.errors import WaitTimeoutError
-from commlab.racecheck import _graph, _where
+from commlab.racecheck import _blocked, _graph, _where
 
 
 class Waits:
@@ -36,6 +36,7 @@ class Waits:
             # indices), the cycle as ranks and as node indices
             err.graph, err.cycle = nodes, cycle
             err.edges, err.cycle_nodes = self.last["edges"], self.last["cycle"]
+            err.wait_graph = self.last  # the whole graph: commlab.widgets.WaitGraphView
             raise err
 
     def graph(self) -> tuple[str, list[dict[str, Any]], list[Any]]:
@@ -62,17 +63,20 @@ class Waits:
             for pid, where, key, want, have, op in blocked[r]:
                 hist = chk.history.get(key, [])
                 last = next((h[2] for h in reversed(hist) if h[1] is not None), None)
-                could = sorted({h[2] for h in hist if h[1] is not None}) or None
+                kind = "barrier" if op == "==" else "wait"
+                # who else may notify a flag is not known (_graph: "last" or an OR-wait);
+                # a barrier mailbox has one writer
+                could = _blocked.mailbox_writer(kind, want, key[0], chk.comm.heap, key[1])
                 nodes.append({"rank": r, "program": _where.program(pid), "where": where,
-                              "kind": "barrier" if op == "==" else "wait",
+                              "kind": kind,
                               "flag_rank": key[0], "flag_offset": key[1],
                               "flag": _where.flag(chk.comm.heap, key[1]), "op": op,
                               "wants": want, "holds": have, "last_notified_by": last,
                               "could_notify": could})
         g = _graph.build(nodes, chk.world)
         self.last = g
-        tail = " " + g["text"] + _where.schedule(chk)
+        lines = "".join(f"\n  {ln}." for ln in g["lines"])
         return (f"cl.wait/cl.barrier unsatisfied after {chk.wait_timeout:g} s on rank "
-                f"{chk.rank}. Wait-for graph: " + "; ".join(g["lines"]) + "." + tail +
-                " Call comm.recover() on every rank before the next collective.",
+                f"{chk.rank}. Wait-for graph:{lines}\n{g['text']}{_where.schedule(chk)}\n"
+                f"Call comm.recover() on every rank before the next collective.",
                 g["nodes"], g["cycle_ranks"])

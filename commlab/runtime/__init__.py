@@ -17,6 +17,15 @@ from commlab.runtime.communicator import (
 
 __all__ = ["SYNC_HOOK", "Communicator", "HostGroups", "Signature", "current_communicator",
            "finalize", "get_communicator", "init", "parse_size", "set_group_source",
-           "symmetric_empty", "symmetric_zeros"]
+           "symmetric_empty", "symmetric_zeros", "synchronize"]
+
+
+def synchronize() -> None:
+    """Check every collective this rank ran ahead of the agreement, then wait for its
+    device. A repeated call of a cached plan launches without waiting for the other
+    ranks and is checked at this rank's next call that waits, ``barrier()``, an
+    allocation, or here: a mismatch it had raises here at the latest (the same
+    RankMismatchError every rank raises). A ``%%distributed`` cell calls it at its end."""
+    get_communicator().synchronize()
 
 _triton_lib.adopt()  # `import triton` may have come before `import commlab`: fix its helpers

@@ -8,11 +8,12 @@ arrived, so the host cannot run ahead of the GPU. A call skips that wait when
 
 It then publishes its signature marked "ahead", launches and returns; the peers'
 signatures of that call are compared at this rank's next call (those published by then)
-and all of them at ``synchronize()``, ``barrier()``, an allocation, or any call that
-waits. A call waits as before on the first call of a plan, on a plan change (any other
-call in between, allocation included), under ``racecheck`` and when the ring is full:
-``RING`` calls unchecked here, or a peer has not yet checked the call whose slot it would
-overwrite. ``COMMLAB_AGREE_AHEAD=0`` makes every call wait.
+and all of them at ``synchronize()``, ``barrier()``, an allocation, any call that
+waits, or the end of a ``%%distributed`` cell (``commlab.engine._cell``). A call waits
+as before on the first call of a plan, on a plan change (any other call in between,
+allocation included), under ``racecheck`` and when the ring is full: ``RING`` calls
+unchecked here, or a peer has not yet checked the call whose slot it would overwrite.
+``COMMLAB_AGREE_AHEAD=0`` makes every call wait.
 
 Why a late check is safe. Every rank that skips the wait at call n launches the same
 kernel: its previous call's, and those agree (a rank that waited at n - 1 and passed saw
@@ -32,8 +33,17 @@ already waits for it on the device (on CPU the interpreter's wait names a dead p
 
 from __future__ import annotations
 
+import os
 from collections import deque
 from collections.abc import Callable
+
+from commlab._interpreter.blocked import cell_place
+
+_OWN = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # commlab/
+# (file, line) that called the public collective now running (set by the wrapper every
+# public collective has, ``_publish``: one frame read, ~0.2 µs); a call from inside
+# commlab (its file under commlab/) is not named
+CALLER: list[tuple[str, int] | None] = [None]
 
 # ControlBlock's helpers used here (one class split in two files, so private names):
 # _wait (spin with the timeout), _raw (a peer's published encoding), _compare (raises).
@@ -46,7 +56,8 @@ class Ahead:
         self.block = block
         self.enabled = enabled
         self.last: bytes | None = None  # this rank's previous call, if it passed
-        self.pending: deque = deque()  # (seq, Signature, raw) published, not yet checked
+        # (seq, Signature, raw, call site) published, not yet checked
+        self.pending: deque = deque()
         self.drains: dict[bytes, Callable[[], None]] = {}  # raw -> launch its kernel on zeros
 
     def allow(self, raw: bytes, drain: Callable[[], None]) -> None:
@@ -68,7 +79,7 @@ class Ahead:
         self.poll()
         b.publish(n, raw, ahead=True)
         b.seq = n
-        self.pending.append((n, sig, raw))
+        self.pending.append((n, sig, raw, CALLER[0]))
         return n
 
     def poll(self) -> None:
@@ -85,17 +96,29 @@ class Ahead:
         """Check every pending call, waiting for peers to publish them."""
         b = self.block
         while self.pending:
-            n, sig, _ = self.pending[0]
+            n, sig = self.pending[0][:2]
             b._wait(n, sig, lambda r, n=n: b.published(r, n), "arrive")
             self._check()
 
     def _check(self) -> None:
-        n, sig, raw = self.pending.popleft()
+        n, sig, raw, site = self.pending.popleft()
         b = self.block
         b.set_checked(n)
         for r in b.peers:
             if b._raw(r, n) != raw:
-                b._compare(n, sig, raw)  # raises the text every rank raises
+                try:
+                    b._compare(n, sig, raw)  # raises the text every rank raises
+                except Exception as e:
+                    # raised here, at a later call or synchronize(): say where the call was
+                    if site is not None and site[0].startswith(_OWN):
+                        site = None  # called from inside commlab: no line of the user's
+                    e.ran_ahead_at = site  # type: ignore[attr-defined]
+                    where = "" if site is None else (
+                        f", {cell_place(*site) or f'{site[0]}:{site[1]}'}")
+                    e.add_note(f"rank {b.rank} made this call ({sig.op} #{n}{where}) without "
+                               f"waiting, as a repeat of its previous call; it was checked "
+                               f"here, later")
+                    raise
 
     def drain(self, n: int) -> None:
         """Call ``n`` mismatched after this rank waited: if peers launched it ahead, launch
@@ -110,3 +133,4 @@ class Ahead:
     def reset(self) -> None:
         self.pending.clear()
         self.last = None
+

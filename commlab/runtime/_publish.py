@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from commlab.errors import CommlabError
+from commlab.runtime._ahead import CALLER
 from commlab.runtime._control import Signature
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -43,6 +45,8 @@ def published(current: Callable[[], Any]) -> Callable[..., Callable[[F], F]]:
 
             @functools.wraps(fn)
             def call(*args, **kwargs):
+                f = sys._getframe(1)  # where the user called it: a run-ahead check names it
+                CALLER[0] = (f.f_code.co_filename, f.f_lineno)
                 comm = current()
                 if comm is None:
                     return fn(*args, **kwargs)

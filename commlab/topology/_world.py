@@ -121,8 +121,8 @@ def world_topology(infos: list[dict], bench=None, host=None) -> Topology:
 def _measured(e: Edge, bench, i: int, j: int) -> None:
     m = "memcpy" if "memcpy" in bench.methods else bench.methods[0]
     mat = bench.matrix(m)
-    e.attrs = {f"measured {i}<-{j} GB/s": round(mat[i][j], 3),
-               f"measured {j}<-{i} GB/s": round(mat[j][i], 3),
+    e.attrs = {f"measured {i}←{j} GB/s": round(mat[i][j], 3),  # reader←source
+               f"measured {j}←{i} GB/s": round(mat[j][i], 3),
                "method": m if e.kind == "shm" else "send/recv", "bytes": bench.sizes[-1]}
     e.measured_gbps = round((mat[i][j] + mat[j][i]) / 2, 3)
     pk = bench.peak[i][j] if bench.peak else None

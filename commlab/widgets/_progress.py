@@ -15,8 +15,15 @@ DELAY_S = 2.0  # quick work shows no bar at all
 
 
 class Progress:
-    def __init__(self, desc: str, total: int | None = None, unit: str = "step"):
+    def __init__(self, desc: str, total: int | None = None, unit: str = "step", *,
+                 limit: float | None = None, since: float | None = None):
+        """``limit``: the line counts toward it ("12 of 30 s"); ``since``: the
+        ``time.monotonic()`` the count starts at (default: now)."""
+        import time
+
         self.desc, self.total, self.unit = desc, total, unit
+        self.limit = limit
+        self.since = time.monotonic() if since is None else since
         self.bar = None
         self._done = 0
         self._what = ""
@@ -42,12 +49,18 @@ class Progress:
             self._tick_notebook()
             return
         try:
+            import time
+
             from tqdm import tqdm
 
+            desc = self.desc + (f" (of {self.limit:g} s)" if self.limit is not None else "")
             with self._lock:
-                self.bar = tqdm(total=self.total, desc=self.desc, unit=self.unit,
-                                leave=False, bar_format="{desc}: {n}/{total} {postfix} "
-                                "[{elapsed}]" if self.total else None)
+                bar = tqdm(total=self.total, desc=desc, unit=self.unit,
+                           leave=False, bar_format="{desc}: {n}/{total} {postfix} "
+                           "[{elapsed}]" if self.total else None)
+                # elapsed counts from ``since`` (tqdm's clock is time.time)
+                bar.start_t = time.time() - (time.monotonic() - self.since)
+                self.bar = bar
             while not self._stop.wait(0.5):
                 self._show()
         except Exception:  # a progress bar must never fail the work it reports on
@@ -57,16 +70,17 @@ class Progress:
         with self._lock:
             done, total, what = self._done, self.total, self._what
         frac = f" {done}/{total}" if total else ""
-        return f"{self.desc}:{frac}{', ' + what if what else ''} ({elapsed:.0f} s)"
+        of = f" of {self.limit:g}" if self.limit is not None else ""
+        return f"{self.desc}:{frac}{', ' + what if what else ''} ({elapsed:.0f}{of} s)"
 
     def _tick_notebook(self) -> None:
         import time
 
         from IPython.display import display
 
-        t0 = time.monotonic() - DELAY_S
+        t0 = self.since
         try:
-            self.handle = display({"text/plain": self._line(DELAY_S)}, raw=True,
+            self.handle = display({"text/plain": self._line(time.monotonic() - t0)}, raw=True,
                                   display_id=True)
             while not self._stop.wait(0.5):
                 self.handle.update({"text/plain": self._line(time.monotonic() - t0)}, raw=True)

@@ -142,13 +142,16 @@ class TimelineModel:
         # and dark themes alike (its --jp-warn-color3 is light orange in both)
         return ("<div class='commlab-warning' style='background:rgba(255,152,0,0.18);"
                 "color:var(--jp-ui-font-color1,#222);border-left:4px solid "
-                "var(--jp-warn-color1,#e0a800);padding:2px 8px;white-space:nowrap;"
-                "overflow:hidden;text-overflow:ellipsis' "
+                "var(--jp-warn-color1,#e0a800);padding:2px 8px;white-space:normal;"
+                "overflow-wrap:anywhere' "
                 f"title='{items}'>⚠ communication-heavy (comm/compute > "
                 f"{self.threshold:,g}): {items}</div>")
 
     def chrome_trace(self, path=None) -> dict:
         return to_chrome_trace(self.spans, path)
+
+
+MAX_LANES = 18  # lanes drawn at once: 18 x 34 px + margins fit a laptop screen
 
 
 class TimelineView:
@@ -204,7 +207,15 @@ class TimelineView:
                                             "line": {"width": 0}}, opacity=0.85)
             self.figure.layout.yaxis.categoryarray = lanes
             self.figure.layout.yaxis.categoryorder = "array"
-            self.figure.layout.height = max(260, 90 + 34 * len(lanes))
+            shown = min(len(lanes), MAX_LANES)
+            self.figure.layout.height = max(260, 90 + 34 * shown)
+            # more lanes than fit a screen: show the first MAX_LANES, the rest a drag or a
+            # scroll of the wheel away inside the figure (the page does not grow)
+            self.figure.layout.yaxis.range = ([shown - 0.5, -0.5] if len(lanes) > shown
+                                              else None)
+            self.figure.layout.yaxis.title = ({"text": f"{shown} of {len(lanes)} lanes: "
+                                                       f"drag or scroll"}
+                                              if len(lanes) > shown else None)
         self.metrics.value = self.model.metrics_html()
         self.warning.value = self.model.warnings_html()
 

@@ -213,8 +213,11 @@ class TopologyGraph:
         head = "".join(f"<th>{html.escape(x)}</th>" for x in labels + cols)
         body = ""
         for lab, row, ex in zip(labels, cells, extra, strict=True):
-            tds = "".join(f"<td style='background:{_cell_color(c)};text-align:center;"
-                          f"padding:2px 6px'>{html.escape(c)}</td>" for c in row)
+            # a light cell keeps dark text: in JupyterLab's dark theme the inherited
+            # text colour is light and would vanish on it
+            tds = "".join(f"<td style='background:{_cell_color(c)};color:#1a1a1a;"
+                          f"text-align:center;padding:2px 6px'>{html.escape(c)}</td>"
+                          for c in row)
             tds += "".join(f"<td style='padding:2px 6px'>{html.escape(x)}</td>" for x in ex)
             body += f"<tr><th>{html.escape(lab)}</th>{tds}</tr>"
         used = {c for row in cells for c in row}
