@@ -158,11 +158,15 @@ class Watch:
 
     # -- showing ------------------------------------------------------------------------
     def line(self, st: StepStats) -> str:
+        """The step's worst ratio with its rank and a bar, then every rank's ratio."""
         base = self.baseline()
+        ratios = rank_ratios(st.per_rank)
+        worst = max(range(len(ratios)), key=ratios.__getitem__) if ratios else 0
         bar = "#" * min(40, int(round(st.ratio * 20)))
         b = f" baseline {base:.2f}" if base is not None else " (baseline steps)"
-        return f"step {st.step:3d}  comm/compute {st.ratio:5.2f}{b}  {bar}" + \
-            (f"\n  ! {st.alert}" if st.alert else "")
+        each = "  ".join(f"r{r} {x:.2f}" for r, x in enumerate(ratios))
+        return (f"step {st.step:3d}  comm/compute {st.ratio:5.2f} (worst: rank {worst}){b}  "
+                f"{bar}\n  per rank: {each}" + (f"\n  ! {st.alert}" if st.alert else ""))
 
     def figure(self):
         """A plotly figure of the ratio per step, the baseline and the warning level."""
@@ -175,7 +179,14 @@ def ratio_figure(history: list[dict], baseline: float | None, factor: float):
     import plotly.graph_objects as go
 
     fig = go.Figure()
-    fig.add_scatter(x=[h["step"] for h in history], y=[h["ratio"] for h in history],
+    steps = [h["step"] for h in history]
+    ranks = max((len(h.get("per_rank") or []) for h in history), default=0)
+    for r in range(ranks):  # every rank, thin, under the worst rank's line
+        ys = [rank_ratios(h["per_rank"])[r] if r < len(h.get("per_rank") or []) else None
+              for h in history]
+        fig.add_scatter(x=steps, y=ys, mode="lines", name=f"rank {r}",
+                        line={"width": 1, "dash": "dot"}, opacity=0.7)
+    fig.add_scatter(x=steps, y=[h["ratio"] for h in history],
                     mode="lines+markers", name="comm / compute (worst rank)",
                     text=[h["alert"] for h in history], hoverinfo="x+y+text")
     if baseline is not None:
@@ -190,6 +201,11 @@ def ratio_figure(history: list[dict], baseline: float | None, factor: float):
     fig.update_layout(height=300, margin={"t": 30}, xaxis_title="step",
                       yaxis_title="comm / compute")
     return fig
+
+
+def rank_ratios(rows: list[dict]) -> list[float]:
+    """comm / compute of each rank of one step (``StepStats.per_rank``)."""
+    return [r["comm_us"] / r["compute_us"] if r["compute_us"] > 0 else 0.0 for r in rows]
 
 
 def _gbps(rows: list[dict]) -> float:
