@@ -27,6 +27,7 @@ from _shared_suite_common import (
 )
 
 import commlab
+from commlab.bench import capture
 
 # What the README and the ops' docstrings promise (a refusal of one of these is a
 # failure); the algorithms each op's Collective lists are added, so a new one is run too.
@@ -148,25 +149,6 @@ def _align(comm) -> None:
     dist.barrier(group=comm.cpu_group)
 
 
-def capture(comm, call, calls: int = 1):
-    """``calls`` calls of ``call`` in one CUDA graph (after a warm-up on the capture
-    stream); returns (graph, the last call's output)."""
-    _align(comm)
-    g = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream(comm.device)
-    stream.wait_stream(torch.cuda.current_stream(comm.device))
-    with torch.cuda.stream(stream):
-        call()
-    torch.cuda.current_stream(comm.device).wait_stream(stream)
-    _align(comm)
-    out = None
-    with torch.cuda.graph(g, stream=stream, capture_error_mode="thread_local"):
-        for _ in range(calls):
-            out = call()
-    _align(comm)
-    return g, out
-
-
 def check_graphs(comm, t: Tally, gen) -> None:
     """Capture once, replay REPLAYS times with new data copied into the captured input."""
     w = comm.world_size
@@ -179,7 +161,7 @@ def check_graphs(comm, t: Tally, gen) -> None:
         graph = out = None
         with t.check(f"graph capture {op} {algo}"):
             call()  # eager first: compiled, plans made
-            graph, out = capture(comm, call)
+            graph, out = capture(comm, call, 1)
         for rep in range(REPLAYS):
             new = random_tensor(gen, (rows,), torch.float32, comm.device)
             x.copy_(new)

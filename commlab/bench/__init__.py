@@ -38,13 +38,18 @@ from commlab.bench._records import (
     write_records,
 )
 from commlab.bench._runner import BenchResult, Failure, check, run
-from commlab.bench._timing import QUEUE_SLEEP_CYCLES, time_back_to_back, time_per_call
+from commlab.bench._timing import (
+    QUEUE_SLEEP_CYCLES,
+    capture,
+    time_back_to_back,
+    time_per_call,
+)
 
 __all__ = [
     "OPS", "BenchResult", "Failure", "Impl", "Prepared", "Record", "bus_factor", "check",
     "figure", "format_table", "implementations", "link_peak_gbps", "load_records", "parse_size",
     "results_path", "run", "size_range", "write_records",
     # for device scripts (bench/): records' metadata, per-call device timing
-    "QUEUE_SLEEP_CYCLES", "device_name", "fmt_bytes", "git_commit", "machine_tag",
+    "QUEUE_SLEEP_CYCLES", "capture", "device_name", "fmt_bytes", "git_commit", "machine_tag",
     "time_back_to_back", "time_per_call",
 ]
