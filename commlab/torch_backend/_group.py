@@ -16,7 +16,8 @@ import torch
 import torch.distributed as dist
 
 from commlab import trace
-from commlab.torch_backend import _native, _profile
+from commlab.runtime._control import call_timeout
+from commlab.torch_backend import _build, _native, _profile
 from commlab.torch_backend._fallback import Fallback
 from commlab.torch_backend._reduce import op_name
 from commlab.torch_backend._work import completed
@@ -40,10 +41,11 @@ def _traced(event: str, inputs=lambda args: args[0]):
             before = getattr(_CALL, "call", None)
             _CALL.call = (name, event, inputs, args)
             try:
-                if not trace.is_recording():
-                    return method(self, *args, **kwargs)
-                with trace.span(name, kind="dist"):
-                    return method(self, *args, **kwargs)
+                with call_timeout(self.timeout_s):
+                    if not trace.is_recording():
+                        return method(self, *args, **kwargs)
+                    with trace.span(name, kind="dist"):
+                        return method(self, *args, **kwargs)
             finally:
                 _CALL.call = before
 
@@ -69,6 +71,10 @@ class CommlabProcessGroup(dist.ProcessGroup):
         self.spans_world = spans_world  # False: every op goes to the fallback
         self.is_default = is_default  # the default group: it closes the Communicator
         self.fallback = Fallback(store, rank, size, timeout)
+        # the limit of every wait of this group's native calls (agreement, the lazy
+        # build, kernels' host waits); torch's default (no timeout given): commlab's own
+        self.timeout_s = (None if timeout is None or timeout == dist.default_pg_timeout
+                          else timeout.total_seconds())
         self._name = ""
         self._desc = ""
         self._comm = None
@@ -97,9 +103,12 @@ class CommlabProcessGroup(dist.ProcessGroup):
         """The Communicator the native ops run on (built on first use, collectively)."""
         comm = self._comm
         if comm is None or comm.closed:
-            from commlab.runtime import init
+            from commlab.runtime import current_communicator
 
-            comm = self._comm = init()
+            call = getattr(_CALL, "call", None)
+            comm = current_communicator() or _build.build(
+                call[0] if call else "communicator", self.timeout_s or _default_timeout())
+            self._comm = comm
         return comm
 
     def _native(self, *tensors):
@@ -109,7 +118,7 @@ class CommlabProcessGroup(dist.ProcessGroup):
         comm = self.communicator()
         kind = comm.device.type
         for t in _tensors(tensors):
-            if t.device.type != kind:
+            if t.device.type != kind or t.layout != torch.strided:  # sparse: gloo's
                 return None
         return comm
 
@@ -141,7 +150,7 @@ class CommlabProcessGroup(dist.ProcessGroup):
             _native.all_reduce_(comm, t, name, self.all_reduce_algorithm)
         return self._done(tensors, comm)
 
-    @_traced("allreduce_coalesced")
+    @_traced("all_reduce")
     def allreduce_coalesced(self, tensors, opts=None):
         opts = opts or dist.AllreduceCoalescedOptions()
         comm = self._native(tensors)
@@ -302,7 +311,7 @@ class CommlabProcessGroup(dist.ProcessGroup):
         return self._fb(outputs).scatter(outputs, input_lists,
                                                           opts or dist.ScatterOptions())
 
-    @_traced("allgather_coalesced", lambda a: a[1])
+    @_traced("all_gather", lambda a: a[1])
     def allgather_coalesced(self, output_lists, inputs, opts=None):
         return self._fb(inputs).allgather_coalesced(
             output_lists, inputs, opts or dist.AllgatherOptions())
@@ -323,6 +332,12 @@ class CommlabProcessGroup(dist.ProcessGroup):
 
     def abort(self) -> None:
         self.shutdown()
+
+
+def _default_timeout() -> float:
+    from commlab import _config
+
+    return float(_config.get("COMMLAB_TIMEOUT"))
 
 
 def _flat(items) -> list:

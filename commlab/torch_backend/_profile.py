@@ -7,8 +7,14 @@ inputs' shapes) and gives Python no other way to mark an event async with shapes
 - a call that goes to the fallback group is made under ``dist.record_comm``'s setting
   ("commlab:<op>"), so gloo's (or NCCL's) Work carries commlab's name;
 - a call on commlab's kernels makes its event with a one-rank gloo Work of the same name
-  and shapes (a broadcast of zero-stride stand-ins: no data is read or moved), beside
-  which the profiler also shows that Work's own ``gloo:broadcast``.
+  and shapes (a broadcast of zero-stride stand-ins, so no data is read or moved; a
+  coalesced call of unequal shapes uses one byte per element), beside which the profiler
+  also shows that Work's own ``gloo:broadcast`` (or ``gloo:allreduce``).
+
+The names are gloo's: ``all_reduce`` (also for ``all_reduce_coalesced``), ``broadcast``,
+``all_gather`` (list and coalesced forms), ``all_gather_into_tensor``,
+``reduce_scatter``, ``reduce_scatter_tensor``, ``all_to_all``, ``barrier``, ``send``,
+``recv``, ``gather``, ``scatter``, ``reduce``.
 
 Nothing of this runs unless a profiler records (one C call to ask).
 """
@@ -61,14 +67,18 @@ class Titled:
 
 
 def record(name: str, tensors) -> None:
-    """An async event ``name`` with the shapes of ``tensors`` (gloo's rule for lists: the
-    shapes of the tensors equal to the first one's, as one coalesced event)."""
-    ts = [t for t in tensors if isinstance(t, torch.Tensor)]
-    stand_ins = [torch.zeros((), dtype=torch.uint8).expand(t.shape) for t in ts
-                 if t.shape == ts[0].shape] if ts else []
+    """An async event ``name`` with the shapes of ``tensors``."""
+    shapes = [t.shape for t in tensors if isinstance(t, torch.Tensor)]
     if not _SOLO:
         _SOLO.append(dist.ProcessGroupGloo(dist.HashStore(), 0, 1, timedelta(seconds=60)))
+    solo = _SOLO[0]
     with titled(name):
-        work = _SOLO[0].broadcast(stand_ins, dist.BroadcastOptions()) if stand_ins \
-            else _SOLO[0].barrier(dist.BarrierOptions())
+        if not shapes:
+            work = solo.barrier(dist.BarrierOptions())
+        elif len(set(shapes)) == 1:  # zero-stride stand-ins: nothing allocated or moved
+            one = torch.zeros((), dtype=torch.uint8)
+            work = solo.broadcast([one.expand(s) for s in shapes], dist.BroadcastOptions())
+        else:  # shapes differ (a coalesced call): one byte per element, profiling only
+            work = solo.allreduce_coalesced([torch.empty(s, dtype=torch.uint8) for s in shapes],
+                                            dist.AllreduceCoalescedOptions())
     work.wait()
