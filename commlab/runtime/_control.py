@@ -52,6 +52,7 @@ _HDR = struct.Struct("<qq")  # published seq, signature length
 _SEQ = struct.Struct("<q")
 _LEN = struct.Struct("<q")
 _SIG_MAX = SLOT - _HDR.size
+ACTIVE: list = [None]  # the newest ControlBlock: the kernels' watch names absent ranks
 CALL_TIMEOUT: list = [None]  # seconds for the calls in progress (call_timeout), else None
 SYNC_HOOK: list = [None]  # fn(event, rank, seq), "publish" then "join": racecheck's clocks
 _CUT = b"\x1d"  # ends the kept prefix of a long signature; its digest follows
@@ -128,6 +129,8 @@ class ControlBlock:
         self.peers = [r for r in range(world_size) if r != rank]
         self.ahead = Ahead(self, _config.get("COMMLAB_AGREE_AHEAD"))
         self.entered = 0  # agree() calls begun: a local error before one is published
+        self.last_published = 0  # the newest call this rank published
+        ACTIVE[0] = self
 
     @staticmethod
     def nbytes(world_size: int) -> int:
@@ -213,6 +216,7 @@ class ControlBlock:
         # sees the body and length written above (x86 keeps stores in order)
         SYNC_HOOK[0] and SYNC_HOOK[0]("publish", self.rank, n)
         _SEQ.pack_into(buf, off, n)
+        self.last_published = n
 
     def _agree(self, sig: Signature, raw: bytes) -> int:
         self.ahead.settle()  # every earlier call is checked before this one waits
@@ -278,7 +282,7 @@ class ControlBlock:
                 f"before arriving; the collective cannot complete and the world cannot go "
                 f"on: restart it")
 
-    def _timeout(self, n: int, sig: Signature, missing: list[int], what: str) -> None:
+    def _where(self, missing: list[int]) -> list[str]:
         where = []
         for r in missing:
             last = self._published(r)
@@ -286,6 +290,20 @@ class ControlBlock:
                 where.append(f"rank {r} has not entered any collective")
             else:
                 where.append(f"rank {r} last entered {self._read(r, last).op} #{last}")
+        return where
+
+    def absent(self) -> str:
+        """Who has not entered this rank's newest call, in the timeout's words ("" if all
+        have): what a kernel that waits for a peer's signal is most likely missing."""
+        n = self.last_published
+        missing = [r for r in self.peers if self._published(r) < n]
+        if not n or not missing:
+            return ""
+        return (f"{_ranks_str(missing)} did not enter "
+                f"{self._read(self.rank, n).op} #{n} ({'; '.join(self._where(missing))})")
+
+    def _timeout(self, n: int, sig: Signature, missing: list[int], what: str) -> None:
+        where = self._where(missing)
         raise CollectiveTimeoutError(
             f"{sig.op} #{n} on rank {self.rank}: {_ranks_str(missing)} did not {what} "
             f"within the {limit(self.timeout):g} s timeout ({'; '.join(where)}). A collective "

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from commlab.errors import CollectiveTimeoutError
 from commlab.runtime._bootstrap import World
-from commlab.runtime._control import limit
+from commlab.runtime._control import ACTIVE, limit
 
 
 def _alive(pid: int) -> bool:
@@ -37,10 +37,14 @@ class PeerWatch:
                 f"{', '.join(str(self.pids[r]) for r in dead)}); restart the world")
         t = limit(self.timeout)
         if waited > t:
+            control = ACTIVE[0]
+            absent = control.absent() if control is not None else ""
             raise CollectiveTimeoutError(
                 f"rank {self.rank}: a wait inside a kernel got no signal within the {t:g} s "
-                f"timeout; a peer is stuck or did not launch the same kernel; check for a "
-                f"rank-dependent branch, or raise the limit with commlab.init(timeout=...)")
+                f"timeout; " + (f"{absent}; " if absent else "a peer is stuck or did not "
+                                "launch the same kernel; ")
+                + "check for a rank-dependent branch, or raise the limit with "
+                "commlab.init(timeout=...)")
 
 
 def peer_watch(world: World, timeout: float, pids: list[int]) -> PeerWatch:

@@ -35,6 +35,12 @@ def build(op: str, timeout_s: float):
         missing = [r for r in range(world) if not store.check([f"{prefix}{r}"])]
         if not missing:  # they came just now
             return init()
+        # withdraw, so the next attempt meets the late ranks under the same number
+        _BUILDS[0] -= 1
+        try:
+            store.delete_key(f"{prefix}{rank}")
+        except RuntimeError:  # a store without deletion: the late ranks go on alone
+            pass
         who = ("rank " if len(missing) == 1 else "ranks ") + ", ".join(map(str, missing))
         raise CollectiveTimeoutError(
             f"dist.{op} on rank {rank}: commlab builds its Communicator at the first "
