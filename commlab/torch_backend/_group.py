@@ -22,7 +22,6 @@ from commlab.torch_backend._fallback import Fallback
 from commlab.torch_backend._reduce import op_name
 from commlab.torch_backend._work import completed
 
-
 ROUTES: Counter = Counter()  # (route, method) -> calls; route "kernel" or "fallback"
 _CALL = threading.local()  # the call in progress on this thread: (method, event, inputs)
 
@@ -30,8 +29,9 @@ _CALL = threading.local()  # the call in progress on this thread: (method, event
 def _traced(event: str, inputs=lambda args: args[0]):
     """Around every method: remember the call for its profiler event ``commlab:<event>``
     (``_fb``'s Works take the name; ``_done`` records a native call's, with the shapes of
-    ``inputs(args)``), and a "dist" span (waiting for late ranks included) while a ``commlab.trace`` records:
-    what ``commlab.watch`` counts as communication."""
+    ``inputs(args)``), the group's timeout over its waits, and a "dist" span (waiting
+    for late ranks included) while a ``commlab.trace`` records: what ``commlab.watch``
+    counts as communication."""
 
     def decorate(method):
         name = method.__name__.lstrip("_")
@@ -297,28 +297,58 @@ class CommlabProcessGroup(dist.ProcessGroup):
     def recv_anysource(self, tensors, tag: int = 0):
         return self._fb(tensors).recv_anysource(tensors, tag)
 
+    # -- to or from one rank: commlab's kernels move it to every rank ------------------
     @_traced("reduce")
     def reduce(self, tensors, opts=None):
-        return self._fb(tensors).reduce(tensors, opts or dist.ReduceOptions())
+        opts = opts or dist.ReduceOptions()
+        comm = self._native(tensors)
+        if comm is None:
+            return self._fb(tensors).reduce(tensors, opts)
+        name = op_name(opts.reduceOp)
+        for t in tensors:
+            _native.reduce_(comm, t, name, opts.rootRank, self.all_reduce_algorithm)
+        return self._done(tensors, comm)
 
     @_traced("gather", lambda a: a[1])
     def gather(self, output_lists, inputs, opts=None):
-        return self._fb(inputs).gather(output_lists, inputs,
-                                                        opts or dist.GatherOptions())
+        opts = opts or dist.GatherOptions()
+        comm = self._native(output_lists, inputs)
+        if comm is None:
+            return self._fb(inputs).gather(output_lists, inputs, opts)
+        for i, inp in enumerate(inputs):
+            outs = output_lists[i] if i < len(output_lists) else []
+            _native.gather_(comm, outs, inp, opts.rootRank)
+        return self._done(output_lists, comm)
 
     @_traced("scatter", lambda a: a[1] if a[1] else a[0])
     def scatter(self, outputs, input_lists, opts=None):
-        return self._fb(outputs).scatter(outputs, input_lists,
-                                                          opts or dist.ScatterOptions())
+        opts = opts or dist.ScatterOptions()
+        comm = self._native(outputs, input_lists)
+        if comm is None:
+            return self._fb(outputs).scatter(outputs, input_lists, opts)
+        for i, out in enumerate(outputs):
+            ins = input_lists[i] if i < len(input_lists) else []
+            _native.scatter_(comm, out, ins, opts.rootRank)
+        return self._done(outputs, comm)
 
     @_traced("all_gather", lambda a: a[1])
     def allgather_coalesced(self, output_lists, inputs, opts=None):
-        return self._fb(inputs).allgather_coalesced(
-            output_lists, inputs, opts or dist.AllgatherOptions())
+        opts = opts or dist.AllgatherOptions()
+        comm = self._native(output_lists, inputs)
+        if comm is None:
+            return self._fb(inputs).allgather_coalesced(output_lists, inputs, opts)
+        W = comm.world_size
+        if len(output_lists) != W or any(len(o) != len(inputs) for o in output_lists):
+            _native.check(comm, "all_gather_coalesced",
+                          f"all_gather_coalesced: pass world size ({W}) output lists of "
+                          f"{len(inputs)} tensors each (one per input)")
+        for i, inp in enumerate(inputs):
+            _native.all_gather_list_(comm, [o[i] for o in output_lists], inp)
+        return self._done(output_lists, comm)
 
     @_traced("monitored_barrier", lambda a: [])
     def monitored_barrier(self, timeout=None, wait_all_ranks: bool = False):
-        return self._fb().monitored_barrier(timeout, wait_all_ranks)  # type: ignore[attr-defined]  # torch stubs lack Backend.monitored_barrier (torch 2.13)
+        return self._fb().monitored_barrier(timeout, wait_all_ranks)
 
     def shutdown(self) -> None:
         """``dist.destroy_process_group()``: close the fallback, and the Communicator when

@@ -26,8 +26,8 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from torch._C._autograd import _profiler_enabled  # type: ignore[attr-defined]  # private, not in torch stubs (torch 2.13)
-from torch._C._distributed_c10d import (  # type: ignore[attr-defined]  # private, not in torch stubs (torch 2.13)
+from torch._C._autograd import _profiler_enabled
+from torch._C._distributed_c10d import (
     _get_comm_profiling_name,
     _set_comm_profiling_name,
 )

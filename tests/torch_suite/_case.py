@@ -1,6 +1,6 @@
 """The test class: torch's ``DistributedTest._DistTestBase`` from the installed torch, on
-the backend ``COMMLAB_SUITE_BACKEND`` names ("commlab" or "gloo"; with
-``COMMLAB_SUITE_DEVICE=cuda``, "cpu:gloo,cuda:commlab").
+the backend ``TORCH_SUITE_BACKEND`` names ("commlab" or "gloo"; with
+``TORCH_SUITE_DEVICE=cuda``, "cpu:gloo,cuda:commlab").
 
 Imported by the runner (``tests/torch_suite/run.py``) after it set the environment, and by
 every rank (forked on CPU, so the imports and kernels are not paid per test; spawned on
@@ -22,8 +22,8 @@ import os
 import sys
 from datetime import timedelta
 
-BACKEND = os.environ.get("COMMLAB_SUITE_BACKEND", "commlab")
-DEVICE = os.environ.get("COMMLAB_SUITE_DEVICE", "cpu")
+BACKEND = os.environ.get("TORCH_SUITE_BACKEND", "commlab")
+DEVICE = os.environ.get("TORCH_SUITE_DEVICE", "cpu")
 os.environ["BACKEND"] = "gloo"  # the skip decorators decide as for gloo (see above)
 os.environ.setdefault("WORLD_SIZE", "2")
 os.environ.setdefault("TEMP_DIR", "/tmp")  # replaced per test by torch's setUp
@@ -36,7 +36,7 @@ if BACKEND == "commlab":
     import commlab  # noqa: F401, E402  (registers the backend)
 
 # torch's per-test limits (up to 500 s) give way to the runner's one limit
-_cd.TIMEOUT_DEFAULT = int(os.environ.get("COMMLAB_SUITE_TIMEOUT", "60"))
+_cd.TIMEOUT_DEFAULT = int(os.environ.get("TORCH_SUITE_TIMEOUT", "60"))
 _cd.TIMEOUT_OVERRIDE.clear()
 
 from torch.testing._internal.distributed import distributed_test as _dt  # noqa: E402
@@ -67,7 +67,7 @@ UNSKIPPED = _unskip_mpi_only(_dt.DistributedTest._DistTestBase) if DEVICE == "cp
 
 def _dump_routes(test_name: str, rank: int) -> None:
     """Write this rank's count of calls that ran on commlab's kernels and on the fallback."""
-    out = os.environ.get("COMMLAB_SUITE_ROUTES")
+    out = os.environ.get("TORCH_SUITE_ROUTES")
     if not out or BACKEND != "commlab":
         return
     from commlab.torch_backend import _group

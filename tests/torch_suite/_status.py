@@ -106,7 +106,7 @@ def summary(results: dict[int, dict], backend: str, wall: float, reach=None) -> 
             lines.append(
                 f"    reached commlab's kernels: {native}; fallback only: "
                 f"{len(r['fallback_only'])} (+{len(r['fallback_by_design'])} whose ops commlab "
-                f"leaves to gloo: send/recv, gather, scatter, reduce); no call on the group: "
+                f"leaves to gloo: send/recv, monitored_barrier); no call on the group: "
                 f"{len(r['no_group_call'])}; kernels / collective tests = {pct:.0f}%")
             if r["fallback_only"]:
                 lines.append("    fallback only: " + ", ".join(sorted(r["fallback_only"])))

@@ -29,8 +29,7 @@ from tests.torch_suite import _status
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 STATUS = os.path.join(HERE, "status.txt")
-_BY_DESIGN = ("send", "recv", "recv_anysource", "gather", "scatter", "reduce",
-              "allgather_coalesced", "monitored_barrier")  # commlab has no kernel for these
+_BY_DESIGN = ("send", "recv", "recv_anysource", "monitored_barrier")  # point-to-point: no kernel
 
 
 class _Result(unittest.TextTestResult):
@@ -81,11 +80,11 @@ def run_one_world(world: int, patterns: list[str], out: str) -> None:
     """In this process: import the suite for ``world`` ranks and run the selected tests."""
     os.environ["WORLD_SIZE"] = str(world)
     routes = tempfile.mkdtemp(prefix="commlab-suite-routes-")
-    os.environ["COMMLAB_SUITE_ROUTES"] = routes
+    os.environ["TORCH_SUITE_ROUTES"] = routes
     from tests.torch_suite import _case
 
     names = sorted(n for n in dir(_case.TorchSuite) if n.startswith("test_")
-                   and (not patterns or any(p in n for p in patterns)))
+                   and (not patterns or any(_matches(p, n) for p in patterns)))
     suite = unittest.TestSuite(_case.TorchSuite(n) for n in names)
     runner = unittest.TextTestRunner(stream=sys.stderr, verbosity=2, resultclass=_Result)
     result = runner.run(suite)
@@ -95,6 +94,11 @@ def run_one_world(world: int, patterns: list[str], out: str) -> None:
         rec["unskipped"] = name in _case.UNSKIPPED
     with open(out, "w") as f:
         json.dump(records, f, indent=1, sort_keys=True)
+
+
+def _matches(pattern: str, name: str) -> bool:
+    """``=name`` matches that test only; anything else, the tests whose name contains it."""
+    return pattern[1:] == name if pattern.startswith("=") else pattern in name
 
 
 def _routes(folder: str, name: str, world: int) -> dict:
@@ -138,7 +142,8 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--world", type=int, nargs="+", default=[2, 3])
     p.add_argument("-k", dest="patterns", action="append", default=[],
-                   help="run tests whose name contains this (repeatable)")
+                   help="run tests whose name contains this; =NAME: that test only "
+                   "(repeatable)")
     p.add_argument("--only-listed", metavar="COLUMN", help="run the tests status.txt marks "
                    "with this tag in its 'ci' column (e.g. ci)")
     p.add_argument("--timeout", type=int, default=60, help="seconds per test (fails it)")
@@ -154,7 +159,7 @@ def main(argv=None) -> int:
     listed = _status.read(STATUS) if os.path.exists(STATUS) else {}
     patterns = list(a.patterns)
     if a.only_listed:
-        patterns += [n for n, e in listed.items() if a.only_listed in e.tags]
+        patterns += ["=" + n for n, e in listed.items() if a.only_listed in e.tags]
     results: dict[int, dict] = {}
     t0 = time.monotonic()
     for world in a.world:
@@ -174,8 +179,8 @@ def main(argv=None) -> int:
 
 
 def _run_world(a, world: int, patterns: list[str]) -> dict:
-    env = dict(os.environ, COMMLAB_SUITE_BACKEND=a.backend, COMMLAB_SUITE_DEVICE=a.device,
-               COMMLAB_SUITE_TIMEOUT=str(a.timeout), COMMLAB_BACKEND=a.device,
+    env = dict(os.environ, TORCH_SUITE_BACKEND=a.backend, TORCH_SUITE_DEVICE=a.device,
+               TORCH_SUITE_TIMEOUT=str(a.timeout), COMMLAB_BACKEND=a.device,
                OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
     root = os.path.dirname(os.path.dirname(HERE))
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
