@@ -18,7 +18,6 @@ _HEADER = """\
 # tests/test_torch_suite.py; the reasons are kept by hand (a skip gloo shares says so).
 # test{pad}w2     w3     tag  reason
 """
-_W = 64
 
 
 @dataclass
@@ -42,13 +41,14 @@ def read(path: str) -> dict[str, Entry]:
 
 
 def write(path: str, entries: dict[str, Entry]) -> None:
+    width = max(len(n) for n in entries) + 2
     with open(path, "w") as f:
-        f.write(_HEADER.format(pad=" " * (_W - 4)))
+        f.write(_HEADER.format(pad=" " * (width - 4)))
         for name in sorted(entries):
             e = entries[name]
             cols = [e.statuses.get(w, "-") for w in WORLDS]
             tag = ",".join(sorted(e.tags)) or "-"
-            line = f"{name:<{_W}}{cols[0]:<7}{cols[1]:<7}{tag:<5}{e.reason}"
+            line = f"{name:<{width}}{cols[0]:<7}{cols[1]:<7}{tag:<5}{e.reason}"
             f.write(line.rstrip() + "\n")
 
 
