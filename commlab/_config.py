@@ -51,7 +51,8 @@ VARS: dict[str, Var] = {v.name: v for v in (
         "interpreter on; `commlab.init(backend=...)` must agree with it", "commlab._interpreter"),
     Var("COMMLAB_TIMEOUT", "300", float,
         "seconds a collective waits for the other ranks before `CollectiveTimeoutError` "
-        "(`init(timeout=)` overrides)", "commlab.runtime"),
+        "(`init(timeout=)` overrides; calls through a torch.distributed group made with a "
+        "`timeout` wait that long instead)", "commlab.runtime"),
     Var("COMMLAB_AGREE_AHEAD", "1", _flag,
         "`0`: every collective call waits for every rank's host before it launches (default: "
         "a repeated identical call of a cached plan launches at once and is checked at the "

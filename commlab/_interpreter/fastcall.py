@@ -50,6 +50,11 @@ def install() -> bool:
         depth.patched = set()  # language modules patched during this launch
         try:
             return grid_call(self, *args, **kwargs)
+        except ti.InterpreterError as e:
+            root = _commlab_root(e)
+            if root is None:
+                raise
+            raise root from None  # commlab's own error (a dead peer, the timeout) as itself
         finally:
             depth.n -= 1
             depth.patched = saved
@@ -72,3 +77,16 @@ def install() -> bool:
     call._commlab = True  # type: ignore[attr-defined]  # marks our wrapper (installed once)
     grid_cls.__call__, fn_cls.__call__ = launch, call
     return True
+
+
+def _commlab_root(e: BaseException) -> BaseException | None:
+    """The CommlabError an interpreted kernel raised under Triton's InterpreterError
+    wrappers (one per nested call), or None."""
+    from commlab.errors import CommlabError
+
+    seen = 0
+    while e is not None and seen < 64:
+        if isinstance(e, CommlabError):
+            return e
+        e, seen = e.__cause__ or e.__context__, seen + 1  # type: ignore[assignment]
+    return None

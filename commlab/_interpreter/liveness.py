@@ -22,6 +22,11 @@ def set_watch(fn: Callable[[float], None] | None) -> None:
     _local.state = [None, 0.0, 0.0]
 
 
+def current() -> Callable[[float], None] | None:
+    """The installed watch (the runtime's agreement also asks it which peers died)."""
+    return _watch
+
+
 def check(addr: int, want: int) -> None:
     """Called while waiting for the int32 at ``addr`` to reach ``want``."""
     if _watch is None:

@@ -12,6 +12,11 @@ A signature longer than its slot keeps its first bytes (short fields first, so t
 dtype and parameters survive a long shape) and ends with a digest of the whole encoding:
 two calls that differ anywhere, even past the slot's end, never publish the same bytes.
 
+How long to wait: the communicator's timeout, or, inside ``call_timeout(s)``, ``s`` (a
+torch.distributed group's own timeout for the calls made through it); the host waits of
+kernels (``runtime/_watch``) use the same limit. A peer process that died is named within
+about 50 ms instead of at the limit (ranks of one host: the pid each rank shared at init).
+
 One thread at a time: a second thread entering the agreement of a communicator while
 another is inside it is refused with a ``CommlabUsageError`` (two threads would publish
 into one sequence and break the world for good). Call a communicator's collectives from
@@ -27,6 +32,7 @@ how far a rank may run ahead of its peers' checks.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import struct
 import threading
@@ -34,6 +40,7 @@ import time
 from dataclasses import dataclass, field
 
 from commlab import _config
+from commlab._interpreter import liveness
 from commlab.errors import CollectiveTimeoutError, CommlabUsageError, RankMismatchError
 from commlab.runtime._ahead import Ahead
 
@@ -45,6 +52,8 @@ _HDR = struct.Struct("<qq")  # published seq, signature length
 _SEQ = struct.Struct("<q")
 _LEN = struct.Struct("<q")
 _SIG_MAX = SLOT - _HDR.size
+ACTIVE: list = [None]  # the newest ControlBlock: the kernels' watch names absent ranks
+CALL_TIMEOUT: list = [None]  # seconds for the calls in progress (call_timeout), else None
 SYNC_HOOK: list = [None]  # fn(event, rank, seq), "publish" then "join": racecheck's clocks
 _CUT = b"\x1d"  # ends the kept prefix of a long signature; its digest follows
 _DIGEST = 16  # bytes of blake2b, written as hex
@@ -84,6 +93,23 @@ class Signature:
         return Signature(op, fields, error, {"cut": "1"} if cut else {})
 
 
+@contextlib.contextmanager
+def call_timeout(seconds: float | None):
+    """Every wait of the calls made inside (agreement, kernels' host waits) gives up after
+    ``seconds`` (None: the communicator's timeout)."""
+    before = CALL_TIMEOUT[0]
+    CALL_TIMEOUT[0] = seconds
+    try:
+        yield
+    finally:
+        CALL_TIMEOUT[0] = before
+
+
+def limit(default: float) -> float:
+    """The timeout in force: ``call_timeout``'s, else ``default``."""
+    return default if CALL_TIMEOUT[0] is None else CALL_TIMEOUT[0]
+
+
 def _ranks_str(ranks: list[int]) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
 
@@ -103,6 +129,8 @@ class ControlBlock:
         self.peers = [r for r in range(world_size) if r != rank]
         self.ahead = Ahead(self, _config.get("COMMLAB_AGREE_AHEAD"))
         self.entered = 0  # agree() calls begun: a local error before one is published
+        self.last_published = 0  # the newest call this rank published
+        ACTIVE[0] = self
 
     @staticmethod
     def nbytes(world_size: int) -> int:
@@ -188,6 +216,7 @@ class ControlBlock:
         # sees the body and length written above (x86 keeps stores in order)
         SYNC_HOOK[0] and SYNC_HOOK[0]("publish", self.rank, n)
         _SEQ.pack_into(buf, off, n)
+        self.last_published = n
 
     def _agree(self, sig: Signature, raw: bytes) -> int:
         self.ahead.settle()  # every earlier call is checked before this one waits
@@ -235,10 +264,25 @@ class ControlBlock:
             if spins > 200:
                 # back off: on small machines the ranks we wait for need this core
                 time.sleep(0 if spins < 2000 else 0.0005)
-            if spins % 64 == 0 and time.monotonic() - start > self.timeout:
-                self._timeout(n, sig, pending, what)
+            if spins % 64 == 0:
+                waited = time.monotonic() - start
+                if waited > 0.05:
+                    self._check_alive(n, sig, pending)
+                if waited > limit(self.timeout):
+                    self._timeout(n, sig, pending, what)
 
-    def _timeout(self, n: int, sig: Signature, missing: list[int], what: str) -> None:
+    def _check_alive(self, n: int, sig: Signature, pending: list[int]) -> None:
+        """Raise at once when a rank we wait for is a process that died."""
+        watch = liveness.current()
+        dead = getattr(watch, "dead", None)
+        gone = [r for r in dead() if r in pending] if dead is not None else []
+        if gone:
+            raise CollectiveTimeoutError(
+                f"{sig.op} #{n} on rank {self.rank}: {_ranks_str(gone)} died (process ended) "
+                f"before arriving; the collective cannot complete and the world cannot go "
+                f"on: restart it")
+
+    def _where(self, missing: list[int]) -> list[str]:
         where = []
         for r in missing:
             last = self._published(r)
@@ -246,11 +290,26 @@ class ControlBlock:
                 where.append(f"rank {r} has not entered any collective")
             else:
                 where.append(f"rank {r} last entered {self._read(r, last).op} #{last}")
+        return where
+
+    def absent(self) -> str:
+        """Who has not entered this rank's newest call, in the timeout's words ("" if all
+        have): what a kernel that waits for a peer's signal is most likely missing."""
+        n = self.last_published
+        missing = [r for r in self.peers if self._published(r) < n]
+        if not n or not missing:
+            return ""
+        return (f"{_ranks_str(missing)} did not enter "
+                f"{self._read(self.rank, n).op} #{n} ({'; '.join(self._where(missing))})")
+
+    def _timeout(self, n: int, sig: Signature, missing: list[int], what: str) -> None:
+        where = self._where(missing)
         raise CollectiveTimeoutError(
             f"{sig.op} #{n} on rank {self.rank}: {_ranks_str(missing)} did not {what} "
-            f"within {self.timeout:g} s ({'; '.join(where)}). A collective must be "
-            f"called by every rank, in the same order; check for a rank-dependent "
-            f"branch around it, or raise the limit with commlab.init(timeout=...)"
+            f"within the {limit(self.timeout):g} s timeout ({'; '.join(where)}). A collective "
+            f"must be called by every rank, in the same order; check for a rank-dependent "
+            f"branch around it, or raise the limit with commlab.init(timeout=...) (a "
+            f"torch.distributed group: its timeout)"
         )
 
     def _compare(self, n: int, mine: Signature, raw: bytes) -> None:

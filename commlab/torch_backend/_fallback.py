@@ -1,7 +1,7 @@
 """The fallback group: gloo (CPU tensors) and NCCL (CUDA tensors) over the same ranks;
 where ranks share a GPU, which NCCL refuses, gloo on host copies (``_staged``).
 
-What commlab does not run natively (point-to-point, gather/scatter/reduce to one rank,
+What commlab does not run natively (point-to-point, sparse tensors, monitored_barrier,
 uneven all-to-all, groups that are a strict subset of the world, CPU tensors in a CUDA
 world) goes to these groups, each made from the commlab group's own store, so rank
 numbers and options pass through unchanged.

@@ -9,30 +9,56 @@ raised before anything runs, like torch's own backends.
 from __future__ import annotations
 
 import functools
+import threading
+from collections import Counter
 
 import torch
 import torch.distributed as dist
 
 from commlab import trace
-from commlab.torch_backend import _native
+from commlab.runtime._control import call_timeout
+from commlab.torch_backend import _build, _native, _profile
 from commlab.torch_backend._fallback import Fallback
 from commlab.torch_backend._reduce import op_name
 from commlab.torch_backend._work import completed
 
+ROUTES: Counter = Counter()  # (route, method) -> calls; route "kernel" or "fallback"
+_CALL = threading.local()  # the call in progress on this thread: (method, event, inputs)
 
-def _traced(method):
-    """A "dist" span around the whole call (waiting for late ranks included) while a
-    trace records: what ``commlab.watch`` counts as communication."""
-    name = method.__name__.lstrip("_")
 
-    @functools.wraps(method)
-    def wrapper(self, *args, **kwargs):
-        if not trace.is_recording():
-            return method(self, *args, **kwargs)
-        with trace.span(name, kind="dist"):
-            return method(self, *args, **kwargs)
+def _traced(event: str, inputs=lambda args: args[0]):
+    """Around every method: remember the call for its profiler event ``commlab:<event>``
+    (``_fb``'s Works take the name; ``_done`` records a native call's, with the shapes of
+    ``inputs(args)``), the group's timeout over its waits, and a "dist" span (waiting
+    for late ranks included) while a ``commlab.trace`` records: what ``commlab.watch``
+    counts as communication."""
 
-    return wrapper
+    def decorate(method):
+        name = method.__name__.lstrip("_")
+
+        @functools.wraps(method)
+        def wrapper(self, *args, **kwargs):
+            before = getattr(_CALL, "call", None)
+            _CALL.call = (name, event, inputs, args)
+            try:
+                with call_timeout(self.timeout_s):
+                    if not trace.is_recording():
+                        return method(self, *args, **kwargs)
+                    with trace.span(name, kind="dist"):
+                        return method(self, *args, **kwargs)
+            finally:
+                _CALL.call = before
+
+        return wrapper
+
+    return decorate
+
+
+def _route(route: str) -> tuple | None:
+    call = getattr(_CALL, "call", None)
+    if call is not None:
+        ROUTES[(route, call[0])] += 1
+    return call
 
 
 class CommlabProcessGroup(dist.ProcessGroup):
@@ -45,6 +71,10 @@ class CommlabProcessGroup(dist.ProcessGroup):
         self.spans_world = spans_world  # False: every op goes to the fallback
         self.is_default = is_default  # the default group: it closes the Communicator
         self.fallback = Fallback(store, rank, size, timeout)
+        # the limit of every wait of this group's native calls (agreement, the lazy
+        # build, kernels' host waits); torch's default (no timeout given): commlab's own
+        self.timeout_s = (None if timeout is None or timeout == dist.default_pg_timeout
+                          else timeout.total_seconds())
         self._name = ""
         self._desc = ""
         self._comm = None
@@ -73,9 +103,12 @@ class CommlabProcessGroup(dist.ProcessGroup):
         """The Communicator the native ops run on (built on first use, collectively)."""
         comm = self._comm
         if comm is None or comm.closed:
-            from commlab.runtime import init
+            from commlab.runtime import current_communicator
 
-            comm = self._comm = init()
+            call = getattr(_CALL, "call", None)
+            comm = current_communicator() or _build.build(
+                call[0] if call else "communicator", self.timeout_s or _default_timeout())
+            self._comm = comm
         return comm
 
     def _native(self, *tensors):
@@ -85,73 +118,86 @@ class CommlabProcessGroup(dist.ProcessGroup):
         comm = self.communicator()
         kind = comm.device.type
         for t in _tensors(tensors):
-            if t.device.type != kind:
+            if t.device.type != kind or t.layout != torch.strided:  # sparse: gloo's
                 return None
         return comm
 
     def _done(self, result, comm):
+        """The Work of a call that ran on commlab's kernels (and its profiler event)."""
+        call = _route("kernel")
+        if call is not None and _profile.enabled():
+            _, event, inputs, args = call
+            _profile.record(f"commlab:{event}", _flat(inputs(args)))
         return completed(result, comm.device)
 
+    def _fb(self, *tensors):
+        """The fallback group for these tensors' device (counted as a fallback call)."""
+        call = _route("fallback")
+        pg = self.fallback.for_tensors(*tensors)
+        if call is not None and _profile.enabled():  # its Works carry commlab's name
+            return _profile.Titled(pg, f"commlab:{call[1]}")
+        return pg
+
     # -- native where commlab has the op ------------------------------------------------
-    @_traced
+    @_traced("all_reduce")
     def allreduce(self, tensors, opts=None):
         opts = opts or dist.AllreduceOptions()
         comm = self._native(tensors)
         if comm is None:
-            return self.fallback.for_tensors(tensors).allreduce(tensors, opts)
+            return self._fb(tensors).allreduce(tensors, opts)
         name = op_name(opts.reduceOp)
         for t in tensors:
             _native.all_reduce_(comm, t, name, self.all_reduce_algorithm)
         return self._done(tensors, comm)
 
-    @_traced
+    @_traced("all_reduce")
     def allreduce_coalesced(self, tensors, opts=None):
         opts = opts or dist.AllreduceCoalescedOptions()
         comm = self._native(tensors)
         if comm is None:
-            return self.fallback.for_tensors(tensors).allreduce_coalesced(tensors, opts)
+            return self._fb(tensors).allreduce_coalesced(tensors, opts)
         name = op_name(opts.reduceOp)
         for t in tensors:
             _native.all_reduce_(comm, t, name, self.all_reduce_algorithm)
         return self._done(tensors, comm)
 
-    @_traced
+    @_traced("broadcast")
     def broadcast(self, tensors, opts=None):
         opts = opts or dist.BroadcastOptions()
         comm = self._native(tensors)
         if comm is None:
-            return self.fallback.for_tensors(tensors).broadcast(tensors, opts)
+            return self._fb(tensors).broadcast(tensors, opts)
         for t in tensors:
             _native.broadcast_(comm, t, opts.rootRank)
         return self._done(tensors, comm)
 
-    @_traced
+    @_traced("all_gather", lambda a: a[1])
     def allgather(self, output_lists, inputs, opts=None):
         opts = opts or dist.AllgatherOptions()
         comm = self._native(output_lists, inputs)
         if comm is None:
-            return self.fallback.for_tensors(inputs).allgather(output_lists, inputs, opts)
+            return self._fb(inputs).allgather(output_lists, inputs, opts)
         for outs, inp in zip(output_lists, inputs, strict=True):
             _native.all_gather_list_(comm, outs, inp)
         return self._done(output_lists, comm)
 
-    @_traced
+    @_traced("all_gather_into_tensor", lambda a: [a[1]])
     def all_gather_single(self, output, inp, opts=None):
         opts = opts or dist.AllgatherOptions()
         comm = self._native(output, inp)
         if comm is None:
-            return self.fallback.for_tensors(inp)._allgather_base(output, inp, opts)
+            return self._fb(inp)._allgather_base(output, inp, opts)
         _native.all_gather_into_(comm, output, inp)
         return self._done([output], comm)
 
     _allgather_base = all_gather_single
 
-    @_traced
+    @_traced("all_gather_into_tensor_coalesced", lambda a: a[1])
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
         opts = opts or dist.AllgatherOptions()
         comm = self._native(outputs, inputs)
         if comm is None:
-            pg = self.fallback.for_tensors(inputs)
+            pg = self._fb(inputs)
             return pg.allgather_into_tensor_coalesced(outputs, inputs, opts)
         for out, inp in zip(outputs, inputs, strict=True):
             _native.all_gather_into_(comm, out, inp)
@@ -159,12 +205,12 @@ class CommlabProcessGroup(dist.ProcessGroup):
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
-    @_traced
+    @_traced("reduce_scatter", lambda a: a[1])
     def reduce_scatter(self, outputs, input_lists, opts=None):
         opts = opts or dist.ReduceScatterOptions()
         comm = self._native(outputs, input_lists)
         if comm is None:
-            pg = self.fallback.for_tensors(outputs)
+            pg = self._fb(outputs)
             return pg.reduce_scatter(outputs, input_lists, opts)
         name = op_name(opts.reduceOp)
         for out, ins in zip(outputs, input_lists, strict=True):
@@ -176,23 +222,23 @@ class CommlabProcessGroup(dist.ProcessGroup):
             _native.reduce_scatter_into_(comm, out, flat, name)
         return self._done(outputs, comm)
 
-    @_traced
+    @_traced("reduce_scatter_tensor", lambda a: [a[1]])
     def reduce_scatter_single(self, output, inp, opts=None):
         opts = opts or dist.ReduceScatterOptions()
         comm = self._native(output, inp)
         if comm is None:
-            return self.fallback.for_tensors(inp)._reduce_scatter_base(output, inp, opts)
+            return self._fb(inp)._reduce_scatter_base(output, inp, opts)
         _native.reduce_scatter_into_(comm, output, inp, op_name(opts.reduceOp))
         return self._done([output], comm)
 
     _reduce_scatter_base = reduce_scatter_single
 
-    @_traced
+    @_traced("reduce_scatter_tensor_coalesced", lambda a: a[1])
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
         opts = opts or dist.ReduceScatterOptions()
         comm = self._native(outputs, inputs)
         if comm is None:
-            pg = self.fallback.for_tensors(inputs)
+            pg = self._fb(inputs)
             return pg.reduce_scatter_tensor_coalesced(outputs, inputs, opts)
         name = op_name(opts.reduceOp)
         for out, inp in zip(outputs, inputs, strict=True):
@@ -201,26 +247,26 @@ class CommlabProcessGroup(dist.ProcessGroup):
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
-    @_traced
+    @_traced("all_to_all", lambda a: [a[1]])
     def all_to_all_single(self, output, inp, output_splits, input_splits, opts=None):
         opts = opts or dist.AllToAllOptions()
         comm = self._native(output, inp)
         if comm is None or not (_even(output_splits, output, self.size())
                                 and _even(input_splits, inp, self.size())):
-            pg = self.fallback.for_tensors(inp)
+            pg = self._fb(inp)
             return pg.alltoall_base(output, inp, output_splits, input_splits, opts)
         _native.all_to_all_even_(comm, output, inp)
         return self._done([output], comm)
 
     alltoall_base = all_to_all_single
 
-    @_traced
+    @_traced("all_to_all", lambda a: a[1])
     def alltoall(self, outputs, inputs, opts=None):
         opts = opts or dist.AllToAllOptions()
         comm = self._native(outputs, inputs)
         sizes = {(t.numel(), t.dtype) for t in [*outputs, *inputs]}
         if comm is None or len(sizes) != 1:
-            return self.fallback.for_tensors(inputs).alltoall(outputs, inputs, opts)
+            return self._fb(inputs).alltoall(outputs, inputs, opts)
         out = torch.empty(sum(t.numel() for t in outputs), dtype=outputs[0].dtype,
                           device=outputs[0].device)
         _native.all_to_all_even_(comm, out, torch.cat([t.reshape(-1) for t in inputs]))
@@ -228,50 +274,81 @@ class CommlabProcessGroup(dist.ProcessGroup):
             o.copy_(piece.view(o.shape))
         return self._done(outputs, comm)
 
-    @_traced
+    @_traced("barrier", lambda a: [])
     def barrier(self, opts=None):
         comm = self._native()
         if comm is None:
-            return self.fallback.gloo.barrier(opts or dist.BarrierOptions())
+            return self._fb().barrier(opts or dist.BarrierOptions())
         from commlab.collectives import barrier
 
         barrier()
         return self._done([], comm)
 
     # -- through the fallback group -----------------------------------------------------
-    @_traced
+    @_traced("send")
     def send(self, tensors, dst: int, tag: int = 0):
-        return self.fallback.for_tensors(tensors).send(tensors, dst, tag)
+        return self._fb(tensors).send(tensors, dst, tag)
 
-    @_traced
+    @_traced("recv")
     def recv(self, tensors, src: int, tag: int = 0):
-        return self.fallback.for_tensors(tensors).recv(tensors, src, tag)
+        return self._fb(tensors).recv(tensors, src, tag)
 
-    @_traced
+    @_traced("recvAnySource")
     def recv_anysource(self, tensors, tag: int = 0):
-        return self.fallback.for_tensors(tensors).recv_anysource(tensors, tag)
+        return self._fb(tensors).recv_anysource(tensors, tag)
 
-    @_traced
+    # -- to or from one rank: commlab's kernels move it to every rank ------------------
+    @_traced("reduce")
     def reduce(self, tensors, opts=None):
-        return self.fallback.for_tensors(tensors).reduce(tensors, opts or dist.ReduceOptions())
+        opts = opts or dist.ReduceOptions()
+        comm = self._native(tensors)
+        if comm is None:
+            return self._fb(tensors).reduce(tensors, opts)
+        name = op_name(opts.reduceOp)
+        for t in tensors:
+            _native.reduce_(comm, t, name, opts.rootRank, self.all_reduce_algorithm)
+        return self._done(tensors, comm)
 
-    @_traced
+    @_traced("gather", lambda a: a[1])
     def gather(self, output_lists, inputs, opts=None):
-        return self.fallback.for_tensors(inputs).gather(output_lists, inputs,
-                                                        opts or dist.GatherOptions())
+        opts = opts or dist.GatherOptions()
+        comm = self._native(output_lists, inputs)
+        if comm is None:
+            return self._fb(inputs).gather(output_lists, inputs, opts)
+        for i, inp in enumerate(inputs):
+            outs = output_lists[i] if i < len(output_lists) else []
+            _native.gather_(comm, outs, inp, opts.rootRank)
+        return self._done(output_lists, comm)
 
-    @_traced
+    @_traced("scatter", lambda a: a[1] if a[1] else a[0])
     def scatter(self, outputs, input_lists, opts=None):
-        return self.fallback.for_tensors(outputs).scatter(outputs, input_lists,
-                                                          opts or dist.ScatterOptions())
+        opts = opts or dist.ScatterOptions()
+        comm = self._native(outputs, input_lists)
+        if comm is None:
+            return self._fb(outputs).scatter(outputs, input_lists, opts)
+        for i, out in enumerate(outputs):
+            ins = input_lists[i] if i < len(input_lists) else []
+            _native.scatter_(comm, out, ins, opts.rootRank)
+        return self._done(outputs, comm)
 
-    @_traced
+    @_traced("all_gather", lambda a: a[1])
     def allgather_coalesced(self, output_lists, inputs, opts=None):
-        return self.fallback.for_tensors(inputs).allgather_coalesced(
-            output_lists, inputs, opts or dist.AllgatherOptions())
+        opts = opts or dist.AllgatherOptions()
+        comm = self._native(output_lists, inputs)
+        if comm is None:
+            return self._fb(inputs).allgather_coalesced(output_lists, inputs, opts)
+        W = comm.world_size
+        if len(output_lists) != W or any(len(o) != len(inputs) for o in output_lists):
+            _native.check(comm, "all_gather_coalesced",
+                          f"all_gather_coalesced: pass world size ({W}) output lists of "
+                          f"{len(inputs)} tensors each (one per input)")
+        for i, inp in enumerate(inputs):
+            _native.all_gather_list_(comm, [o[i] for o in output_lists], inp)
+        return self._done(output_lists, comm)
 
+    @_traced("monitored_barrier", lambda a: [])
     def monitored_barrier(self, timeout=None, wait_all_ranks: bool = False):
-        return self.fallback.gloo.monitored_barrier(timeout, wait_all_ranks)  # type: ignore[attr-defined]  # torch stubs lack Backend.monitored_barrier (torch 2.13)
+        return self._fb().monitored_barrier(timeout, wait_all_ranks)
 
     def shutdown(self) -> None:
         """``dist.destroy_process_group()``: close the fallback, and the Communicator when
@@ -285,6 +362,16 @@ class CommlabProcessGroup(dist.ProcessGroup):
 
     def abort(self) -> None:
         self.shutdown()
+
+
+def _default_timeout() -> float:
+    from commlab import _config
+
+    return float(_config.get("COMMLAB_TIMEOUT"))
+
+
+def _flat(items) -> list:
+    return list(_tensors(items))
 
 
 def _tensors(items):

@@ -151,3 +151,50 @@ def all_to_all_even_(comm, out: torch.Tensor, inp: torch.Tensor) -> None:
     if inp.dtype not in NATIVE:
         agree(comm, "dist.all_to_all", dtype=_dt(inp.dtype), shape=tuple(inp.shape))
     out.copy_(exchange_rows(comm, inp).view(out.shape))
+
+
+# --- to or from one rank: every rank runs the kernels, the root keeps what torch defines ---
+
+
+def reduce_(comm, t: torch.Tensor, name: str, dst: int, algorithm: str = "auto") -> None:
+    """``dist.reduce``: an all-reduce whose result only ``dst`` keeps (the others' tensors
+    stay as they were)."""
+    all_reduce_(comm, t if comm.rank == dst else t.clone(), name, algorithm)
+
+
+def gather_(comm, outs: list, inp: torch.Tensor, dst: int) -> None:
+    """``dist.gather``: an all-gather whose rows only ``dst`` copies out."""
+    W = comm.world_size
+    err = ""
+    if comm.rank == dst and len(outs) != W:
+        err = f"gather: gather_list has {len(outs)} tensors on the root; pass world size ({W})"
+    elif comm.rank == dst and any(o.numel() != inp.numel() or o.dtype != inp.dtype
+                                  for o in outs):
+        err = (f"gather: every gather_list tensor must match the input ({inp.numel()} "
+               f"elements of {_dt(inp.dtype)}); size them like the input")
+    check(comm, "gather", err)
+    agree(comm, "dist.gather", dtype=_dt(inp.dtype), shape=tuple(inp.shape), dst=dst)
+    rows = gather_rows(comm, inp)
+    if comm.rank == dst:
+        for o, r in zip(outs, rows.unbind(0), strict=True):
+            o.copy_(r.view(o.shape))
+
+
+def scatter_(comm, out: torch.Tensor, ins: list, src: int) -> None:
+    """``dist.scatter``: ``src`` broadcasts its whole list, each rank keeps its row."""
+    W = comm.world_size
+    err = ""
+    if comm.rank == src and len(ins) != W:
+        err = f"scatter: scatter_list has {len(ins)} tensors on the source; pass world size ({W})"
+    elif comm.rank == src and any(t.numel() != out.numel() or t.dtype != out.dtype
+                                  for t in ins):
+        err = (f"scatter: every scatter_list tensor must match the output ({out.numel()} "
+               f"elements of {_dt(out.dtype)}); size them like the output")
+    check(comm, "scatter", err)
+    agree(comm, "dist.scatter", dtype=_dt(out.dtype), shape=tuple(out.shape), src=src)
+    if comm.rank == src:
+        rows = torch.stack([t.reshape(-1) for t in ins]) if ins else out.new_empty(W, 0)
+    else:
+        rows = out.new_empty(W, out.numel())
+    broadcast_(comm, rows, src)
+    out.copy_(rows[comm.rank].view(out.shape))
