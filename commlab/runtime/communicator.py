@@ -24,6 +24,7 @@ from commlab.runtime._bootstrap import World, bootstrap
 from commlab.runtime._control import ControlBlock, Signature
 from commlab.runtime._cross import HostsAgreement
 from commlab.runtime._hosts import HostGroups, host_map, split
+from commlab.runtime._settings import agree_settings
 from commlab.runtime._watch import peer_watch
 from commlab.runtime.heap import (
     FLAGS_BYTES,
@@ -170,6 +171,7 @@ class Communicator:
 
 
 _COMM: Communicator | None = None
+_HEAP_FULL = "symmetric heap full:"  # how Arena.alloc's HeapFullError begins
 
 
 def init(backend: str = "auto", *, heap_size=None, scratch_size=None,
@@ -207,6 +209,7 @@ def init(backend: str = "auto", *, heap_size=None, scratch_size=None,
                          or min(d_scratch, size // 2))
     layout = HeapLayout(size=size, scratch_bytes=scratch)
     layout.check()
+    agree_settings(world, {"heap_size": size, "scratch_size": scratch, "timeout": timeout})
     hosts = host_map(world)  # probed: which ranks share memory
     if len(hosts) > 1:
         comm = _across_hosts(world, hosts, layout, timeout)
@@ -327,7 +330,7 @@ def symmetric_empty(shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return t
     except CommlabUsageError as e:  # a mismatch, or the same error on every rank
         del t  # a failed allocation keeps no block, even while its traceback lives
-        if err:
+        if err or _HEAP_FULL in str(e):  # one type everywhere: the full rank's
             raise HeapFullError(str(e)) from None
         if "heap offset differs" not in str(e):  # every rank saw the same signatures
             raise
