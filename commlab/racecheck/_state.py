@@ -3,9 +3,11 @@
 Every program instance of a launch gets its own clock component (rank, program), so
 programs of one launch are concurrent, as on a GPU. A release atomic publishes the
 releasing program's clock with the flag's new value in the shared sync log; an
-acquire that sees the flag at the value it waits for merges the clock of the release
-that made the flag reach it (``_clock.acquired``). Loads and stores on symmetric
-memory are recorded with the accessing program's clock; ``_races`` compares them.
+acquire that sees the flag at the value it waits for merges the clock of the earliest
+write that could have shown it that value (``_clock.acquired``); a value no logged
+atomic wrote (the host's, a plain store's) is logged as a write without a clock.
+Loads and stores on symmetric memory are recorded with the accessing program's clock;
+``_races`` compares them.
 """
 
 from __future__ import annotations
@@ -31,7 +33,9 @@ class Checker:
         self.wait_timeout = wait_timeout
         self.seed = seed  # the schedule's seed under shuffle=True, else None
         self.parked: dict = {}  # program -> (hint, waiting, blocked_since) while switched out
-        self.history: dict = {}  # (owner, offset) -> [(value after, clock|None, rank)]
+        # (owner, offset) -> the flag's writes in the order they took effect: (value after,
+        # released clock|None, rank, writer component|None (not an atomic), its epoch)
+        self.history: dict = {}
         self.records: dict = {}  # peer rank -> its accesses (and sync marks) to compare
         self.pending: list = []  # ours, not yet in the shared log
         self.mine_new: list = []  # ours from the current launch
@@ -170,12 +174,21 @@ class Checker:
                     continue
                 key = (int(owner[lane]), int(off[lane]))
                 hist = self.history.setdefault(key, [])
-                was = int(old[lane]) if old.size > lane else int(old[0])
-                now = _SIGNED.get(isz, ctypes.c_int32).from_address(int(addrs[lane])).value
+                signed = _SIGNED.get(isz, ctypes.c_int32)
+                was = signed(int(old[lane]) if old.size > lane else int(old[0])).value
+                now = signed.from_address(int(addrs[lane])).value
+                if not hist or hist[-1][0] != was:
+                    # a write no atomic made (the host, a plain store, a launch before
+                    # racecheck) put ``was`` there: it joins the flag's order of writes
+                    rec = ("atomic", key, was, None, self.rank, None, 0)
+                    hist.append(rec[2:])
+                    new_recs.append(rec)
                 if acquire:
                     self._acquire(acc, key, hist, was, int(addrs[lane]))
                 if release or now != was:
-                    rec = ("atomic", key, now, dict(self.cur) if release else None, self.rank)
+                    comp = (self.rank, self.pid)
+                    rec = ("atomic", key, now, dict(self.cur) if release else None, self.rank,
+                           comp, self.cur[comp])
                     hist.append(rec[2:])
                     new_recs.append(rec)
             sh.sync.append(*new_recs)  # read back (and skipped) by our next refresh
@@ -200,7 +213,7 @@ class Checker:
         self.hint = None
         self.waiting = None
         self.acquires[self.pid] = self.acquires.get(self.pid, 0) + 1
-        _clock.join(self.cur, _clock.acquired([(v, c) for v, c, _ in hist], threshold))
+        _clock.join(self.cur, _clock.acquired(hist, threshold, self.cur))
 
     def _block(self, key, want, have, op):
         if self.waiting is None or self.waiting[0] != key:
