@@ -6,7 +6,8 @@ dtype, shape, parameters, or the local error it found) into slot ``n % RING`` an
 publishes ``n``; it waits until every peer has published ``n`` and compares signatures. So a bad
 argument on one rank raises a clear error on *every* rank before any kernel launches,
 and a collective called on only some ranks ends in a ``CollectiveTimeoutError`` that
-says who is missing and where they are, instead of a silent hang.
+says who is missing and where they are, instead of a silent hang. A member that died
+(``runtime.membership``) ends every wait with ``RankLostError`` at once.
 
 A signature longer than its slot keeps its first bytes (short fields first, so the op,
 dtype and parameters survive a long shape) and ends with a digest of the whole encoding:
@@ -103,6 +104,7 @@ class ControlBlock:
         self.peers = [r for r in range(world_size) if r != rank]
         self.ahead = Ahead(self, _config.get("COMMLAB_AGREE_AHEAD"))
         self.entered = 0  # agree() calls begun: a local error before one is published
+        self.members = None  # the world's runtime.membership.Membership: waits check it
 
     @staticmethod
     def nbytes(world_size: int) -> int:
@@ -235,8 +237,11 @@ class ControlBlock:
             if spins > 200:
                 # back off: on small machines the ranks we wait for need this core
                 time.sleep(0 if spins < 2000 else 0.0005)
-            if spins % 64 == 0 and time.monotonic() - start > self.timeout:
-                self._timeout(n, sig, pending, what)
+            if spins % 64 == 0:
+                if self.members is not None:  # a lost member: no call can finish
+                    self.members.check(f"{sig.op} #{n}")
+                if time.monotonic() - start > self.timeout:
+                    self._timeout(n, sig, pending, what)
 
     def _timeout(self, n: int, sig: Signature, missing: list[int], what: str) -> None:
         where = []

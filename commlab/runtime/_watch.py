@@ -1,34 +1,25 @@
-"""The CPU backend's watch over waits inside kernels: a dead peer or a wait past the
-communicator's timeout raises instead of spinning forever (ranks are processes of one
-host, so a peer's pid says whether it lives)."""
+"""The CPU backend's watch over waits inside kernels: a lost peer raises RankLostError
+(``membership``) and a wait past the communicator's timeout CollectiveTimeoutError,
+instead of spinning forever."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from commlab.errors import CollectiveTimeoutError
-from commlab.runtime._bootstrap import World
+from commlab.runtime.membership import Membership
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")  # zombie: dead
-    except OSError:
-        return False
-
-
-def peer_watch(world: World, timeout: float, pids: list[int]):
-    """The CPU backend's check for waits inside kernels (ranks are processes of one host):
-    a dead peer, or a wait longer than the communicator's timeout, raises."""
+def peer_watch(members: Membership, timeout: float, where: Callable[[], tuple[str, int]]):
+    """The check ``_interpreter.liveness`` runs for a wait inside a kernel; ``where()``
+    gives the collective this rank last entered and its number (``("", 0)``: none)."""
     def watch(waited: float) -> None:
-        dead = [r for r, p in enumerate(pids) if r != world.rank and not _alive(p)]
-        if dead:
-            raise CollectiveTimeoutError(
-                f"rank {world.rank}: a wait inside a kernel cannot finish: rank(s) "
-                f"{', '.join(map(str, dead))} died (pid {', '.join(str(pids[r]) for r in dead)});"
-                f" restart the world")
+        op, n = where()
+        members.check(f"{op} #{n} (a wait inside its kernel)" if op else
+                      "a wait inside a kernel", op)
         if waited > timeout:
             raise CollectiveTimeoutError(
-                f"rank {world.rank}: a wait inside a kernel got no signal within {timeout:g} s;"
-                f" a peer is stuck or did not launch the same kernel; check for a "
-                f"rank-dependent branch, or raise the limit with commlab.init(timeout=...)")
+                f"rank {members.rank}: a wait inside a kernel got no signal within "
+                f"{timeout:g} s; a peer is stuck or did not launch the same kernel; check "
+                f"for a rank-dependent branch, or raise the limit with commlab.init(timeout=...)")
     return watch

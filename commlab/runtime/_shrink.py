@@ -1,0 +1,92 @@
+"""``commlab.shrink()``: the survivors of a lost rank continue as a smaller world, in place.
+
+Every survivor calls it after its ``RankLostError``. ``membership.agree`` decides the
+survivors (the same set everywhere); before confirming, each survivor zeroes what it owns
+in the new world (its signal pad and collective flags; new rank 0 also the agreement
+block), so once every survivor confirmed, nobody's stale flag or published call is left
+(every survivor's kernels had ended before it arrived: an interpreted launch raises only
+after all its programs stopped). Then, without another exchange:
+
+- the heap stays as it is (every mapping, the arena, every symmetric tensor with its
+  contents and offset); its ``rank`` and ``bases`` become the survivors' (old order);
+- a new agreement block over the same shared memory, numbered 0..W'-1;
+- a new ``context`` for kernels, no cached launch plans;
+- torch.distributed's default group, which cannot outlive a member, is destroyed and made
+  again over the survivors under a fresh store prefix (the round's: never used before).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from commlab.errors import CommlabUsageError
+from commlab.runtime import communicator as _c
+from commlab.runtime._control import ControlBlock
+from commlab.runtime.heap import FLAGS_BYTES, SIGNAL_PAD_BYTES
+from commlab.runtime.membership import agree
+
+
+def shrink() -> _c.Communicator:
+    """Continue with the survivors after a ``RankLostError``; returns the new default
+    Communicator (also ``commlab.get_communicator()``). Collective over the survivors."""
+    old = _c.get_communicator()
+    members, control = old.members, old.control
+    if old.across is not None or not isinstance(control, ControlBlock) or members is None:
+        raise CommlabUsageError("commlab.shrink: a world across hosts cannot shrink yet; "
+                                "restart it with the hosts that remain")
+    if old.backend != "cpu":
+        raise CommlabUsageError("commlab.shrink: the cuda backend cannot shrink yet (its "
+                                "kernels need an abort word); use the cpu backend")
+    world = old._world
+    assert world is not None
+    if not world.owns_pg:
+        raise CommlabUsageError(
+            "commlab.shrink: torch.distributed was started outside commlab.init, and its "
+            "default group cannot outlive a member; let commlab.init start it")
+    heap = old.heap
+    lay = heap.layout
+
+    def prepare(decision: list[int]) -> None:
+        heap.region(lay.signal_pad, SIGNAL_PAD_BYTES + FLAGS_BYTES, torch.uint8).zero_()
+        if decision.index(members.rank) == 0:
+            control.buf[: len(control.buf)] = bytes(len(control.buf))
+
+    keep, prefix = agree(members, prepare)
+    new = members.shrunk(keep)
+    rank, size = new.rank, new.world_size
+    heap.rank, heap.bases = rank, [heap.bases[r] for r in keep]
+    block = ControlBlock(control.buf, rank, size, control.timeout)
+    block.members = new
+    records_addr = int(old._context[-1])
+    ctx = torch.tensor([rank, size, heap.bases[rank] + lay.signal_pad,
+                        heap.bases[rank] + lay.flags] + heap.bases + [records_addr],
+                       dtype=torch.int64, device=old.device)
+    group = _regroup(world, prefix, rank, size, control.timeout)
+    world = dataclasses.replace(world, rank=rank, world_size=size, group=group,
+                                cpu_group=group, store_rank=new.store_rank)
+    comm = _c.Communicator(rank, size, old.backend, old.device, ctx, heap, block, group, group,
+                           old.local_rank, world, old._keep, wait_records=old.wait_records,
+                           members=new)
+    old.closed = True  # retired: its heap and mappings live on in ``comm``
+    old.plans.clear()
+    _c.watch_kernels(comm)
+    _c.install(comm)
+    return comm
+
+
+def _regroup(world, prefix: str, rank: int, size: int, timeout: float) -> dist.ProcessGroup:
+    """torch.distributed's default group again, over the survivors only."""
+    backend = str(dist.get_backend()) if dist.is_initialized() else "gloo"
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    assert world.store is not None  # agree() needed it
+    dist.init_process_group(backend, store=dist.PrefixStore(f"{prefix}/pg", world.store),
+                            rank=rank, world_size=size,
+                            timeout=timedelta(seconds=max(timeout, 30)))
+    pg = dist.group.WORLD
+    assert pg is not None
+    return pg
