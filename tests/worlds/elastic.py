@@ -47,52 +47,70 @@ def _step(rng: random.Random, i: int, world: int, rank: int) -> None:
         commlab.symmetric_zeros((n,))
 
 
-def kill_and_shrink_world(comm, victim: int, when: str, delay: float, seed: int,
-                          note_dir: str, second: int = -1) -> dict:
-    """Every rank loops random collectives; ``victim`` dies ``when`` = "timer" (a thread
-    SIGKILLs it ``delay`` s into the loop: anywhere, kernels included) or "before" (at
-    the call ``int(delay * 100)``: its peers wait in the agreement or an ahead kernel).
-    ``second`` (>= 0): that rank dies too, ``delay`` / 10 s into its shrink. Survivors
-    catch RankLostError, shrink (again if a member is lost meanwhile) and check the new
-    world, the symmetric tensor allocated before and the times."""
-    _note(note_dir, f"pid{comm.rank}", os.getpid())
-    old_rank, world = comm.rank, comm.world_size
+def _origin(lost: list[int]) -> list[int]:
+    """Lost ranks (numbered in the current world) as ``init`` ranks."""
+    origin = commlab.get_communicator().members.origin
+    return [origin[r] for r in lost]
+
+
+def elastic_rounds_world(comm, plan: list[dict], seed: int, note_dir: str) -> dict:
+    """Rounds of: every rank loops random collectives (the same on every rank), one rank
+    dies, the survivors catch RankLostError, shrink and check the smaller world. Each
+    round of ``plan`` names ranks by their ``init`` rank: ``victim`` dies ``when`` =
+    "timer" (a thread SIGKILLs it ``delay`` s into the loop: anywhere, kernels included)
+    or "before" (at call ``int(delay * 100)``: peers wait in the agreement or an ahead
+    kernel); ``second`` (>= 0) dies ``delay / 10`` s into its shrink (before, during or
+    after the survivors agree: they shrink again when it is still a member)."""
+    me = comm.rank  # the init rank names this process in the plan
+    _note(note_dir, f"pid{me}", os.getpid())
     kept = commlab.symmetric_zeros((257,))
-    kept.fill_(float(old_rank))
+    kept.fill_(float(me))
     rng = random.Random(seed)  # the same collectives on every rank
-    commlab.barrier()
-    if old_rank == victim and when == "timer":
-        _die_after(note_dir, old_rank, delay)
-    errors, i = [], 0
-    try:
-        while True:
-            if old_rank == victim and when == "before" and i == int(delay * 100):
-                _die(note_dir, old_rank)
-            _step(rng, i, world, old_rank)
-            i += 1
-    except commlab.RankLostError as e:
-        caught = time.time()
-        errors.append({"lost": e.lost, "op": e.op, "text": str(e)})
-    if old_rank == second:
-        _die_after(note_dir, old_rank, delay / 10)
-    shrinks = 0
-    while True:
+    rounds = []
+    for rnd in plan:
+        comm = commlab.get_communicator()
+        rank, world = comm.rank, comm.world_size
+        commlab.barrier()
+        if me == rnd["victim"] and rnd["when"] == "timer":
+            _die_after(note_dir, me, rnd["delay"])
+        errors, i = [], 0
         try:
-            new = commlab.shrink()
-            shrinks += 1
-            y = commlab.all_reduce(torch.full((1000,), float(new.rank + 1)))
-            done = time.time()
-            break
-        except commlab.RankLostError as e:  # another member died during the shrink
-            errors.append({"lost": e.lost, "op": e.op, "text": str(e)})
-    w = new.world_size
-    z = commlab.all_reduce(kept)  # the old tensor, in a collective of the new world
-    return {"old_rank": old_rank, "rank": new.rank, "world": w, "calls": i,
-            "errors": errors, "caught": caught, "done": done, "shrinks": shrinks,
-            "generation": new.generation, "same_comm": commlab.get_communicator() is new,
-            "y_ok": bool(torch.all(y == w * (w + 1) / 2)),
-            "kept_ok": bool(torch.all(kept == old_rank)), "z": float(z[0]),
-            "again": float(commlab.all_reduce(torch.ones(3))[0])}
+            while True:
+                if me == rnd["victim"] and rnd["when"] == "before" and i == int(rnd["delay"] * 100):
+                    _die(note_dir, me)
+                _step(rng, i, world, rank)
+                i += 1
+        except commlab.RankLostError as e:
+            caught = time.time()
+            errors.append(_origin(e.lost))
+            text = str(e)
+        second = rnd.get("second", -1)
+        if me == second:
+            _die_after(note_dir, me, rnd["delay"] / 10)
+        shrinks = 0
+        while True:
+            try:
+                new = commlab.shrink()
+                shrinks += 1
+                if me == second:
+                    time.sleep(60)  # its timer kills it: it never leaves its shrink
+                w = new.world_size
+                y = commlab.all_reduce(torch.full((1000,), float(new.rank + 1)))
+                done = time.time()
+                assert torch.all(y == w * (w + 1) / 2), ("first all_reduce", w, y[:4])
+                z = commlab.all_reduce(kept)  # a tensor of the first world, used in this one
+                break
+            except commlab.RankLostError as e:  # a member died during the shrink
+                errors.append(_origin(e.lost))
+        members = list(new.members.origin)
+        rng = random.Random(rng.random())  # every survivor's stream stays the same
+        rounds.append({
+            "errors": errors, "text": text, "caught": caught, "done": done, "calls": i,
+            "shrinks": shrinks, "rank": new.rank, "world": w, "members": members,
+            "generation": new.generation, "current": commlab.get_communicator() is new,
+            "rank_is_index": new.rank == members.index(me),
+            "kept_ok": bool(torch.all(kept == me)), "z_ok": bool(torch.all(z == sum(members)))})
+    return {"me": me, "rounds": rounds}
 
 
 def store_rank_dies_world(comm, note_dir: str) -> dict:

@@ -1,0 +1,119 @@
+"""Ranks that die: every survivor raises RankLostError naming them within
+COMMLAB_PEER_TIMEOUT, commlab.shrink() continues on the survivors (renumbered in their old
+order, symmetric tensors kept), and nothing is left behind. Ranks are SIGKILLed at random
+points of a loop of random collectives (agreement, kernels, ahead calls, shrinks)."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+
+from commlab.runtime.membership import Membership, alive
+from commlab.testing import run_world
+from tests.test_faults import assert_nothing_left
+from tests.worlds.elastic import elastic_rounds_world, store_rank_dies_world
+
+PEER_TIMEOUT = 1.0  # the default
+ENV = {"COMMLAB_TIMEOUT": "60", "COMMLAB_PEER_TIMEOUT": str(PEER_TIMEOUT)}
+
+
+def _read(note_dir, name) -> float:
+    with open(os.path.join(note_dir, name)) as f:
+        return float(f.read())
+
+
+def random_plan(rng: random.Random, world: int, rounds: int, second: bool = False) -> list:
+    """Which init rank dies in each round, when, and (``second``) who dies in the shrink."""
+    alive_ranks, plan = list(range(world)), []
+    for _ in range(rounds):
+        victim = rng.choice(alive_ranks)
+        alive_ranks.remove(victim)
+        rnd = {"victim": victim, "when": rng.choice(["timer", "timer", "before"]),
+               "delay": round(rng.uniform(0.02, 0.6), 3)}
+        if second:
+            rnd["second"] = rng.choice(alive_ranks)
+            alive_ranks.remove(rnd["second"])
+        plan.append(rnd)
+    return plan
+
+
+def run_plan(plan: list, world: int, seed: int, note_dir: str) -> dict:
+    """Run the plan on a world whose store the parent serves; check every survivor's
+    rounds and that nothing is left; return the measured times (s) per round."""
+    res = run_world(elastic_rounds_world, world, kwargs={"plan": plan, "seed": seed,
+                    "note_dir": note_dir}, timeout=240, env=ENV, store="parent",
+                    allow_killed=True)
+    dead = {r["victim"] for r in plan} | {r.get("second", -1) for r in plan} - {-1}
+    assert [i for i, r in enumerate(res) if r is None] == sorted(dead), res
+    times: dict = {"detect": [], "recover": []}
+    members = list(range(world))
+    for k, rnd in enumerate(plan):
+        killed = _read(note_dir, f"killed{rnd['victim']}")
+        gone = {rnd["victim"], rnd.get("second", -1)}
+        members = [m for m in members if m not in gone]
+        for r in res:
+            if r is None:
+                continue
+            got = r["rounds"][k]
+            first = got["errors"][0]
+            assert rnd["victim"] in first and set(first) <= gone, (k, r["me"], got["errors"])
+            assert "commlab.shrink()" in got["text"] or "served the world's store" in got["text"]
+            assert got["members"] == members and got["world"] == len(members), (k, got)
+            assert got["rank_is_index"] and got["current"], (k, got)
+            assert got["kept_ok"] and got["z_ok"], (k, r["me"], got)
+            assert got["generation"] == sum(g["shrinks"] for g in r["rounds"][: k + 1])
+            times["detect"].append(got["caught"] - killed)
+            times["recover"].append(got["done"] - killed)
+    pids = [int(_read(note_dir, f"pid{r}")) for r in range(world)]
+    assert_nothing_left(pids)
+    return times
+
+
+def test_ranks_killed_at_random_points_are_named_and_the_survivors_shrink_twice(seed, tmp_path):
+    plan = random_plan(random.Random(seed), 4, rounds=2)
+    print("plan", plan)
+    times = run_plan(plan, 4, seed, str(tmp_path))
+    print("times", times)
+    # every survivor noticed within COMMLAB_PEER_TIMEOUT of the SIGKILL
+    assert max(times["detect"]) <= PEER_TIMEOUT, times
+
+
+def test_a_rank_dying_during_the_shrink_leaves_one_agreed_smaller_world(seed, tmp_path):
+    plan = random_plan(random.Random(seed), 4, rounds=1, second=True)
+    print("plan", plan)
+    run_plan(plan, 4, seed, str(tmp_path))
+
+
+def test_rank_0_serving_the_store_dies_and_shrink_refuses_clearly_without_hanging(tmp_path):
+    res = run_world(store_rank_dies_world, 3, kwargs={"note_dir": str(tmp_path)},
+                    timeout=120, env=ENV, allow_killed=True)
+    assert res[0] is None
+    killed = _read(str(tmp_path), "killed0")
+    for r in res[1:]:
+        assert "rank 0 of 3 was lost" in r["text"] and "served the world's store" in r["text"]
+        assert r["caught"] - killed <= PEER_TIMEOUT, r
+        assert r["shrink"].startswith("CommlabError") and "store" in r["shrink"], r
+        assert r["shrink_s"] < 5, r
+    assert_nothing_left([int(_read(str(tmp_path), f"pid{r}")) for r in range(3)])
+
+
+def test_membership_names_lost_ranks_and_renumbers_survivors_in_old_order():
+    dead = os.fork()
+    if dead == 0:
+        os._exit(0)
+    os.waitpid(dead, 0)
+    m = Membership(1, 4, (os.getpid(), os.getpid(), dead, os.getpid()), store_rank=0)
+    assert alive(os.getpid()) and not alive(dead)
+    assert m.lost(now=True) == [2]
+    with pytest.raises(Exception) as ei:
+        m.check("all_reduce #3")
+    e = ei.value
+    assert type(e).__name__ == "RankLostError" and e.lost == [2] and e.op == "all_reduce"
+    assert "all_reduce #3 on rank 1: rank 2 of 4 was lost" in str(e)
+    assert "commlab.shrink()" in str(e) and "ranks 0, 1, 3 renumbered 0..2" in str(e)
+    new = m.shrunk([0, 1, 3])
+    assert (new.rank, new.world_size, new.generation, new.origin) == (1, 3, 1, (0, 1, 3))
+    assert new.store_rank == 0 and new.lost(now=True) == []
+    assert m.shrunk([1, 3]).store_rank is None
