@@ -33,10 +33,14 @@ import struct
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from commlab import _config
 from commlab.errors import CollectiveTimeoutError, CommlabUsageError, RankMismatchError
 from commlab.runtime._ahead import Ahead
+
+if TYPE_CHECKING:
+    from commlab.runtime.membership import Membership
 
 SLOT = 256
 RING = 8  # slots per rank: how many calls may be published before peers check them
@@ -104,7 +108,7 @@ class ControlBlock:
         self.peers = [r for r in range(world_size) if r != rank]
         self.ahead = Ahead(self, _config.get("COMMLAB_AGREE_AHEAD"))
         self.entered = 0  # agree() calls begun: a local error before one is published
-        self.members = None  # the world's runtime.membership.Membership: waits check it
+        self.members: Membership | None = None  # the world's members: every wait checks them
 
     @staticmethod
     def nbytes(world_size: int) -> int:

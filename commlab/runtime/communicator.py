@@ -25,7 +25,6 @@ from commlab.runtime._control import ControlBlock, Signature
 from commlab.runtime._cross import HostsAgreement
 from commlab.runtime._hosts import HostGroups, host_map, split
 from commlab.runtime._watch import peer_watch
-from commlab.runtime.membership import Membership
 from commlab.runtime.heap import (
     FLAGS_BYTES,
     MAX_WORLD,
@@ -34,6 +33,7 @@ from commlab.runtime.heap import (
     SymmetricHeap,
     _fmt_bytes,
 )
+from commlab.runtime.membership import Membership
 
 _DEFAULTS = {  # backend -> (heap_size, scratch_size)
     "cpu": (64 << 20, 16 << 20),

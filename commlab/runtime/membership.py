@@ -165,7 +165,7 @@ def _round(m: Membership, prefix: str, candidates: list[int],
            prepare: Callable[[list[int]], None], deadline: float) -> list[int] | None:
     store = m.store
     assert store is not None
-    store.set(f"{prefix}/arrive/{m.rank}", b"1")
+    store.set(f"{prefix}/arrive/{m.rank}", "1")
     arrived = _wait_keys(m, f"{prefix}/arrive", candidates, deadline, "arrive at shrink")
     proposal = ",".join(str(r) for r in arrived if r not in m.lost(now=True))
     decided = store.compare_set(f"{prefix}/decision", "", proposal).decode()
@@ -174,7 +174,7 @@ def _round(m: Membership, prefix: str, candidates: list[int],
         raise CommlabError(f"commlab.shrink on rank {m.rank}: the survivors decided "
                            f"{_ranks(decision)} without this rank (it was seen dead)")
     prepare(decision)
-    store.set(f"{prefix}/confirm/{m.rank}", b"1")
+    store.set(f"{prefix}/confirm/{m.rank}", "1")
     confirmed = _wait_keys(m, f"{prefix}/confirm", decision, deadline, "confirm the shrink")
     return decision if confirmed == decision else None
 

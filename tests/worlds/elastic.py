@@ -91,6 +91,7 @@ def elastic_rounds_world(comm, plan: list[dict], seed: int, note_dir: str) -> di
         while True:
             try:
                 new = commlab.shrink()
+                shrunk = time.time()
                 shrinks += 1
                 if me == second:
                     time.sleep(60)  # its timer kills it: it never leaves its shrink
@@ -105,7 +106,8 @@ def elastic_rounds_world(comm, plan: list[dict], seed: int, note_dir: str) -> di
         members = list(new.members.origin)
         rng = random.Random(rng.random())  # every survivor's stream stays the same
         rounds.append({
-            "errors": errors, "text": text, "caught": caught, "done": done, "calls": i,
+            "errors": errors, "text": text, "caught": caught, "shrunk": shrunk, "done": done,
+            "calls": i,
             "shrinks": shrinks, "rank": new.rank, "world": w, "members": members,
             "generation": new.generation, "current": commlab.get_communicator() is new,
             "rank_is_index": new.rank == members.index(me),
