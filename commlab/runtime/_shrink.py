@@ -47,6 +47,11 @@ def shrink() -> _c.Communicator:
         raise CommlabUsageError(
             "commlab.shrink: torch.distributed was started outside commlab.init, and its "
             "default group cannot outlive a member; let commlab.init start it")
+    if dist.is_initialized() and str(dist.get_backend()) != "gloo":
+        raise CommlabUsageError(
+            f"commlab.shrink: torch.distributed's default group runs on "
+            f"{dist.get_backend()!r}, which shrink cannot rebuild yet (only commlab's own "
+            f"gloo group); start the world without COMMLAB_TORCH_BACKEND=commlab")
     heap = old.heap
     lay = heap.layout
 
@@ -80,11 +85,10 @@ def shrink() -> _c.Communicator:
 
 def _regroup(world, prefix: str, rank: int, size: int, timeout: float) -> dist.ProcessGroup:
     """torch.distributed's default group again, over the survivors only."""
-    backend = str(dist.get_backend()) if dist.is_initialized() else "gloo"
     if dist.is_initialized():
         dist.destroy_process_group()
     assert world.store is not None  # agree() needed it
-    dist.init_process_group(backend, store=dist.PrefixStore(f"{prefix}/pg", world.store),
+    dist.init_process_group("gloo", store=dist.PrefixStore(f"{prefix}/pg", world.store),
                             rank=rank, world_size=size,
                             timeout=timedelta(seconds=max(timeout, 30)))
     pg = dist.group.WORLD

@@ -15,8 +15,8 @@ def peer_watch(members: Membership, timeout: float, where: Callable[[], tuple[st
     gives the collective this rank last entered and its number (``("", 0)``: none)."""
     def watch(waited: float) -> None:
         op, n = where()
-        members.check(f"{op} #{n} (a wait inside its kernel)" if op else
-                      "a wait inside a kernel", op)
+        members.check(f"a wait inside a kernel (the last collective entered: {op} #{n})"
+                      if op else "a wait inside a kernel", op)
         if waited > timeout:
             raise CollectiveTimeoutError(
                 f"rank {members.rank}: a wait inside a kernel got no signal within "

@@ -113,9 +113,10 @@ class Membership:
                     f"ranks that may die with a store the launcher serves (torchrun, or "
                     f"TORCHELASTIC_USE_AGENT_STORE=true)")
         else:
+            now = (f"renumbered 0..{len(survivors) - 1}" if len(survivors) > 1 else
+                   "alone, as rank 0")
             msg += (f"Call commlab.shrink() on every survivor: it continues with "
-                    f"{_ranks(survivors)} renumbered 0..{len(survivors) - 1}, symmetric "
-                    f"tensors keeping their contents")
+                    f"{_ranks(survivors)} {now}, symmetric tensors keeping their contents")
         return RankLostError(msg, lost, op or "")
 
     # -- the next generation ----------------------------------------------------------------

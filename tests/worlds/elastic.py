@@ -10,8 +10,10 @@ import threading
 import time
 
 import torch
+import triton
 
 import commlab
+import commlab.language as cl
 
 
 def _note(note_dir: str, name: str, value) -> None:
@@ -115,14 +117,20 @@ def elastic_rounds_world(comm, plan: list[dict], seed: int, note_dir: str) -> di
     return {"me": me, "rounds": rounds}
 
 
+@triton.jit
+def _barrier_kernel(ctx):
+    cl.barrier(ctx)
+
+
 def store_rank_dies_world(comm, note_dir: str) -> dict:
-    """Rank 0, which serves the store, dies; the others' RankLostError and shrink."""
+    """Rank 0, which serves the store, dies while the others wait for it in a user
+    kernel's ``cl.barrier``; their RankLostError and shrink."""
     _note(note_dir, f"pid{comm.rank}", os.getpid())
     commlab.barrier()
     if comm.rank == 0:
         _die(note_dir, 0)
     try:
-        commlab.all_reduce(torch.ones(10))
+        _barrier_kernel[(1,)](comm.context)
     except commlab.RankLostError as e:
         caught, text = time.time(), str(e)
     t0 = time.monotonic()
