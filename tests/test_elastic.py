@@ -136,3 +136,44 @@ def test_seeded_fault_run_ends_in_a_correct_smaller_world_with_nothing_left(run,
     print("plan", world, plan)
     times = run_plan(plan, world, run, str(tmp_path))
     assert max(t for rnd in times for t in rnd["detect"]) <= PEER_TIMEOUT, times
+
+
+def test_survivors_agree_on_one_membership_when_a_member_dies_before_confirming(monkeypatch):
+    """membership.agree on threads over one store: rank 2 is dead from the start, rank 3
+    dies after the decision and before confirming; every survivor ends with [0, 1],
+    decided in a second round."""
+    import threading
+
+    import torch.distributed as dist
+
+    from commlab.runtime import membership
+
+    dead = {1_000_002}
+    monkeypatch.setattr(membership, "alive", lambda pid: pid not in dead)
+    store = dist.HashStore()
+    pids = tuple(1_000_000 + r for r in range(4))
+    out: dict = {}
+
+    class Died(Exception):
+        pass
+
+    def member(rank: int) -> None:
+        m = Membership(rank, 4, pids, store, timeout=20)
+
+        def prepare(decision):
+            if rank == 3:
+                dead.add(pids[3])
+                raise Died  # gone before it confirms
+
+        try:
+            out[rank] = membership.agree(m, prepare)
+        except Died:
+            out[rank] = "died"
+
+    threads = [threading.Thread(target=member, args=(r,)) for r in (0, 1, 3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert out[3] == "died"
+    assert out[0] == out[1] == ([0, 1], "shrink/g0/a1"), out

@@ -119,6 +119,23 @@ class Membership:
                     f"{_ranks(survivors)} {now}, symmetric tensors keeping their contents")
         return RankLostError(msg, lost, op or "")
 
+    def behind(self, e: BaseException, what: str) -> RankLostError | None:
+        """The RankLostError behind ``e``, an error of a host-side exchange (gloo says
+        "Connection closed by peer"), or None. A dying process's sockets close a moment
+        before ``/proc`` shows it dead, so such an error waits up to the peer timeout."""
+        if isinstance(e, CommlabError):
+            return None
+        text = str(e)
+        patient = any(w in text for w in ("Connection", "connection", "gloo", "peer"))
+        deadline = time.monotonic() + (self.peer_timeout if patient else 0.0)
+        while True:
+            lost = self.lost(now=True)
+            if lost:
+                return self.error(lost, what)
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.01)
+
     # -- the next generation ----------------------------------------------------------------
     def shrunk(self, keep: list[int]) -> Membership:
         """The membership of the members ``keep`` (old ranks, ascending), renumbered."""
