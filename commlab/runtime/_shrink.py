@@ -18,16 +18,17 @@ after all its programs stopped). Then, without another exchange:
 from __future__ import annotations
 
 import dataclasses
+import threading
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
-from commlab.errors import CommlabUsageError
+from commlab.errors import CommlabUsageError, RankLostError
 from commlab.runtime import communicator as _c
 from commlab.runtime._control import ControlBlock
 from commlab.runtime.heap import FLAGS_BYTES, SIGNAL_PAD_BYTES
-from commlab.runtime.membership import agree
+from commlab.runtime.membership import Membership, agree
 
 
 def shrink() -> _c.Communicator:
@@ -56,21 +57,29 @@ def shrink() -> _c.Communicator:
     lay = heap.layout
 
     def prepare(decision: list[int]) -> None:
+        assert members is not None  # checked above; rebound to each round's members
         heap.region(lay.signal_pad, SIGNAL_PAD_BYTES + FLAGS_BYTES, torch.uint8).zero_()
         if decision.index(members.rank) == 0:
             control.buf[: len(control.buf)] = bytes(len(control.buf))
 
-    keep, prefix = agree(members, prepare)
-    new = members.shrunk(keep)
+    bases = list(heap.bases)
+    while True:  # again when a member that confirmed dies before the group connects
+        keep, prefix = agree(members, prepare)
+        new = members.shrunk(keep)
+        bases = [bases[r] for r in keep]
+        try:
+            group = _regroup(world, prefix, new, control.timeout)
+            break
+        except RankLostError:
+            members = new
     rank, size = new.rank, new.world_size
-    heap.rank, heap.bases = rank, [heap.bases[r] for r in keep]
+    heap.rank, heap.bases = rank, bases
     block = ControlBlock(control.buf, rank, size, control.timeout)
     block.members = new
     records_addr = int(old._context[-1])
     ctx = torch.tensor([rank, size, heap.bases[rank] + lay.signal_pad,
                         heap.bases[rank] + lay.flags] + heap.bases + [records_addr],
                        dtype=torch.int64, device=old.device)
-    group = _regroup(world, prefix, rank, size, control.timeout)
     world = dataclasses.replace(world, rank=rank, world_size=size, group=group,
                                 cpu_group=group, store_rank=new.store_rank)
     comm = _c.Communicator(rank, size, old.backend, old.device, ctx, heap, block, group, group,
@@ -83,14 +92,31 @@ def shrink() -> _c.Communicator:
     return comm
 
 
-def _regroup(world, prefix: str, rank: int, size: int, timeout: float) -> dist.ProcessGroup:
-    """torch.distributed's default group again, over the survivors only."""
+def _regroup(world, prefix: str, new: Membership, timeout: float) -> dist.ProcessGroup:
+    """torch.distributed's default group again, over the survivors only. Connecting
+    blocks in gloo until every member joined (or gloo's timeout), so it runs in a thread
+    while this one watches the members: one lost meanwhile raises RankLostError (the
+    thread is left to fail at its timeout; it never sets the default group)."""
     if dist.is_initialized():
         dist.destroy_process_group()
     assert world.store is not None  # agree() needed it
-    dist.init_process_group("gloo", store=dist.PrefixStore(f"{prefix}/pg", world.store),
-                            rank=rank, world_size=size,
-                            timeout=timedelta(seconds=max(timeout, 30)))
-    pg = dist.group.WORLD
-    assert pg is not None
-    return pg
+    box: dict = {}
+
+    def connect() -> None:
+        try:
+            dist.init_process_group(
+                "gloo", store=dist.PrefixStore(f"{prefix}/pg", world.store), rank=new.rank,
+                world_size=new.world_size, timeout=timedelta(seconds=max(timeout, 30)))
+            box["pg"] = dist.group.WORLD
+        except BaseException as e:  # noqa: BLE001 - raised by the waiting thread
+            box["error"] = e
+
+    t = threading.Thread(target=connect, name="commlab-regroup", daemon=True)
+    t.start()
+    while t.is_alive():
+        t.join(0.005)
+        if t.is_alive():
+            new.check("commlab.shrink (connecting the survivors' group)", "shrink")
+    if "error" in box:
+        raise box["error"]
+    return box["pg"]

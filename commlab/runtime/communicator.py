@@ -275,6 +275,8 @@ def _across_hosts(world: World, hosts: list[list[int]], layout: HeapLayout,
     local_world, groups = split(world, hosts, timeout)
     local = _one_host(local_world, layout, timeout)
     assert isinstance(local.control, ControlBlock)
+    assert local.members is not None
+    local.members.store = None  # each host's keys would meet in the world's one store
     control = HostsAgreement(local.control, hosts, groups.host, groups.cross_hosts,
                              groups.cross_group)
     return Communicator(world.rank, world.world_size, world.backend, world.device,

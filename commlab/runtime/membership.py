@@ -136,6 +136,26 @@ class Membership:
                 return None
             time.sleep(0.01)
 
+    def share(self, name: str, value: str | None) -> str:
+        """Member 0's ``value`` on every member, through the store (collective: every
+        member calls it in the same order). The wait polls and checks the members, so a
+        lost member raises RankLostError; a gloo exchange would block until its timeout
+        on a live peer that left for ``shrink()``."""
+        store = self.store
+        assert store is not None
+        self._shares = getattr(self, "_shares", 0) + 1
+        key = f"share/g{self.generation}/{self._shares}/{name}"
+        if self.rank == 0:
+            assert value is not None
+            store.set(key, value)
+            return value
+        pause = 0.0002
+        while not store.check([key]):
+            self.check(name)
+            time.sleep(pause)
+            pause = min(pause * 2, 0.005)
+        return store.get(key).decode()
+
     # -- the next generation ----------------------------------------------------------------
     def shrunk(self, keep: list[int]) -> Membership:
         """The membership of the members ``keep`` (old ranks, ascending), renumbered."""

@@ -67,9 +67,9 @@ def elastic_rounds_world(comm, plan: list[dict], seed: int, note_dir: str) -> di
     _note(note_dir, f"pid{me}", os.getpid())
     kept = commlab.symmetric_zeros((257,))
     kept.fill_(float(me))
-    rng = random.Random(seed)  # the same collectives on every rank
     rounds = []
-    for rnd in plan:
+    for k, rnd in enumerate(plan):
+        rng = random.Random(seed * 100 + k)  # the same collectives on every rank
         comm = commlab.get_communicator()
         rank, world = comm.rank, comm.world_size
         commlab.barrier()
@@ -106,7 +106,6 @@ def elastic_rounds_world(comm, plan: list[dict], seed: int, note_dir: str) -> di
             except commlab.RankLostError as e:  # a member died during the shrink
                 errors.append(_origin(e.lost))
         members = list(new.members.origin)
-        rng = random.Random(rng.random())  # every survivor's stream stays the same
         rounds.append({
             "errors": errors, "text": text, "caught": caught, "shrunk": shrunk, "done": done,
             "calls": i,
