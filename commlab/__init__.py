@@ -27,6 +27,7 @@ from commlab.errors import (  # noqa: E402
     CommlabUsageError,
     DataRaceError,
     HeapFullError,
+    RankLostError,
     RankMismatchError,
     WaitTimeoutError,
 )
@@ -36,6 +37,7 @@ from commlab.runtime import (  # noqa: E402
     finalize,
     get_communicator,
     init,
+    shrink,
     symmetric_empty,
     symmetric_zeros,
     synchronize,
@@ -48,9 +50,9 @@ __version__ = "0.1.0"
 __all__ = [
     "CollectiveTimeoutError", "CommlabError", "CommlabUsageError", "Communicator",
     "DataRaceError", "WaitTimeoutError", "racecheck",
-    "HeapFullError", "RankMismatchError", "all_gather", "all_reduce", "all_to_all",
+    "HeapFullError", "RankLostError", "RankMismatchError", "all_gather", "all_reduce", "all_to_all",
     "barrier", "broadcast", "finalize", "get_communicator", "init", "reduce_scatter",
-    "symmetric_empty", "symmetric_zeros", "synchronize", "trace",
+    "shrink", "symmetric_empty", "symmetric_zeros", "synchronize", "trace",
 ]
 
 

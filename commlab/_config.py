@@ -53,6 +53,10 @@ VARS: dict[str, Var] = {v.name: v for v in (
         "seconds a collective waits for the other ranks before `CollectiveTimeoutError` "
         "(`init(timeout=)` overrides; calls through a torch.distributed group made with a "
         "`timeout` wait that long instead)", "commlab.runtime"),
+    Var("COMMLAB_PEER_TIMEOUT", "1", float,
+        "seconds within which every waiting rank notices a lost peer (a SIGKILLed rank) and "
+        "raises `RankLostError`; then `commlab.shrink()` continues on the survivors",
+        "commlab.runtime"),
     Var("COMMLAB_AGREE_AHEAD", "1", _flag,
         "`0`: every collective call waits for every rank's host before it launches (default: "
         "a repeated identical call of a cached plan launches at once and is checked at the "

@@ -27,6 +27,21 @@ class CollectiveTimeoutError(CommlabError, TimeoutError):
     """Some ranks did not reach a collective within the communicator's timeout."""
 
 
+class RankLostError(CommlabError):
+    """A rank of the world died (its process is gone) while this rank waited for it.
+    ``lost``: the lost ranks, sorted, numbered as in the world that lost them; ``op``: the
+    collective this rank was in. Every survivor raises it; then every survivor calls
+    ``commlab.shrink()``, which continues with the survivors renumbered 0..W'-1."""
+
+    def __init__(self, message: str, lost: list[int] | tuple[int, ...] = (), op: str = ""):
+        super().__init__(message)
+        self.lost = sorted(lost)
+        self.op = op
+
+    def __reduce__(self):  # picklable with its attributes (ranks report errors to a parent)
+        return (type(self), (str(self), self.lost, self.op))
+
+
 class BackendUnavailableError(CommlabError):
     """The requested backend cannot run here (e.g. ``cuda`` without a GPU on some rank)."""
 

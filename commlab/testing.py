@@ -14,6 +14,11 @@ puts rank r on GPU ``r % device_count``, so a world of any size runs on one GPU 
 ranks share it through the IPC heap). A rank that raises
 makes ``run_world`` raise ``WorldError`` with every rank's traceback; a world that has
 not finished within ``timeout`` seconds is killed (by pid) and reported.
+
+Worlds that lose ranks on purpose: ``store="parent"`` serves the world's store from this
+process (as torchrun's agent does: ``TORCHELASTIC_USE_AGENT_STORE=true``), so any rank,
+rank 0 included, may die; ``allow_killed=True`` reports a rank that died of SIGKILL as
+the result ``None`` instead of a failure.
 """
 
 from __future__ import annotations
@@ -94,16 +99,40 @@ def _rank_main(rank, world_size, port, backend, fn, args, kwargs, results, env, 
         results.put((rank, False, traceback.format_exc()))
 
 
+def _parent_store(port: int, world_size: int):
+    """A TCPStore served by this process on 127.0.0.1 (the world's ranks are its clients)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", port))
+    sock.listen(512)
+    store = dist.TCPStore("127.0.0.1", port, world_size, is_master=True,
+                          wait_for_workers=False, timeout=timedelta(seconds=60),
+                          master_listen_fd=sock.fileno())
+    return store, sock
+
+
 def run_world(fn, world_size: int, args: tuple = (), kwargs: dict | None = None, *,
               backend: str = "cpu", timeout: float = 180.0, env: dict | None = None,
-              init: bool = True) -> list:
+              init: bool = True, store: str = "rank0", allow_killed: bool = False) -> list:
     """Run ``fn(comm, *args, **kwargs)`` on ``world_size`` fresh ranks; return the results
     in rank order. ``fn`` must be importable (a module-level function). ``init=False``
     skips ``commlab.init`` (``comm`` is None): ``fn`` starts torch.distributed itself, as
-    a script under torchrun does."""
+    a script under torchrun does. ``store``: ``"rank0"`` (rank 0 serves it, as without
+    torchrun) or ``"parent"`` (this process serves it; it outlives every rank).
+    ``allow_killed``: a rank that dies of SIGKILL gives ``None``, not a failure."""
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
+    served = None
+    if store == "parent":
+        served = _parent_store(port, world_size)
+        env = {**(env or {}), "TORCHELASTIC_USE_AGENT_STORE": "true"}
+    elif store != "rank0":
+        raise ValueError(f"run_world: store must be 'rank0' or 'parent', got {store!r}")
     stacks = tempfile.TemporaryDirectory(prefix="commlab-run-world-")
     stack_files = [os.path.join(stacks.name, f"rank{r}.txt") for r in range(world_size)]
     procs = [
@@ -127,7 +156,11 @@ def run_world(fn, world_size: int, args: tuple = (), kwargs: dict | None = None,
                 dead = [r for r, p in enumerate(procs)
                         if not p.is_alive() and p.exitcode not in (0, None) and r not in got]
                 for r in dead:
+                    if allow_killed and procs[r].exitcode == -signal.SIGKILL:
+                        got[r] = (True, pickle.dumps(None))
+                        continue
                     got[r] = (False, f"rank {r} died with exit code {procs[r].exitcode}")
+                dead = [r for r in dead if not got[r][0]]
                 if dead:  # the others cannot finish: give them a moment to report
                     deadline = min(deadline, time.monotonic() + 10)
                 continue
@@ -144,6 +177,9 @@ def run_world(fn, world_size: int, args: tuple = (), kwargs: dict | None = None,
                 p.kill()  # our own child, by pid
                 p.join(5)
         stacks.cleanup()
+        if served is not None:
+            served[1].close()
+            del served
     failures = {r: str(v) for r, (ok, v) in got.items() if not ok}
     missing = [r for r in range(world_size) if r not in got]
     for r in missing:

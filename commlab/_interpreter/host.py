@@ -56,10 +56,12 @@ if interpreting():
         the barrier mailbox polled and the value it must hold (for the hang report)."""
         if _WAITS[0] is not None:
             _WAITS[0]("poll", None, None)
+        addr = val = None
         if ptr is not None:
             addr, val = _scalar(ptr.handle), _value(want)
             if addr is not None and val is not None:
                 blocked.poll(addr, val, "==", "barrier", programs.current())
+        liveness.check(addr or 0, val or 0)  # a dead or silent peer raises here too
         if programs.blocked():  # other programs of this launch ran meanwhile: re-poll
             return
         now = time.perf_counter()

@@ -27,6 +27,7 @@ from typing import Any
 
 from commlab._interpreter import blocked as _blocked
 from commlab._interpreter import fastcall
+from commlab.errors import RankLostError
 
 BLOCKED_S = 0.1  # a wait blocked this long, with programs still to start, goes cooperative
 
@@ -88,6 +89,15 @@ def run(ex, call, args, kwargs):
     ex.fn, ex.grid = _Programs(real_fn, box), one
     try:
         return call(ex, *args, **kwargs)
+    except Exception as e:
+        # the interpreter wraps what a program raised, once per nested call: a lost peer
+        # (the liveness watch) is raised as itself, so survivors can catch RankLostError
+        root: BaseException = e
+        while root.__cause__ is not None:
+            root = root.__cause__
+        if isinstance(root, RankLostError) and root is not e:
+            raise root from None
+        raise
     finally:
         ex.fn, ex.grid = real_fn, real_grid
 

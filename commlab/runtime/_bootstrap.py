@@ -36,6 +36,8 @@ class World:
     owns_pg: bool
     placement: Placement = field(default_factory=lambda: Placement(()))  # ranks' GPUs
     heap: str = "shm"  # "shm" (cpu) | "symmetric" | "ipc" (cuda): which heap init builds
+    store: dist.Store | None = None  # this generation's (prefixed, MACed) store: shrink's
+    store_rank: int | None = None  # the rank whose process serves it (None: a launcher)
 
 
 # The TCPStore outlives finalize(): rank 0's store serves MASTER_PORT, so a second
@@ -98,6 +100,7 @@ def bootstrap(backend: str, timeout_s: float) -> World:
         rank, world_size, local_rank = 0, 1, 0
         store: dist.Store = dist.HashStore()
         key = None  # a private store: generations start again
+        agent_store = True  # nobody's death takes it
     else:
         env_local = _env_int("LOCAL_RANK")
         local_rank = rank if env_local is None else env_local
@@ -156,7 +159,7 @@ def bootstrap(backend: str, timeout_s: float) -> World:
     if adopted is not None:
         _, group, cpu_group = adopted
     return World(rank, world_size, local_rank, chosen, device, group, cpu_group, token, True,
-                 placement, heap)
+                 placement, heap, store, None if agent_store else 0)
 
 
 def _agree_backend(store, rank: int, world_size: int, local_rank: int,

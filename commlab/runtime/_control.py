@@ -6,7 +6,8 @@ dtype, shape, parameters, or the local error it found) into slot ``n % RING`` an
 publishes ``n``; it waits until every peer has published ``n`` and compares signatures. So a bad
 argument on one rank raises a clear error on *every* rank before any kernel launches,
 and a collective called on only some ranks ends in a ``CollectiveTimeoutError`` that
-says who is missing and where they are, instead of a silent hang.
+says who is missing and where they are, instead of a silent hang. A member that died
+(``runtime.membership``) ends every wait with ``RankLostError`` at once.
 
 A signature longer than its slot keeps its first bytes (short fields first, so the op,
 dtype and parameters survive a long shape) and ends with a digest of the whole encoding:
@@ -38,11 +39,15 @@ import struct
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from commlab import _config
 from commlab._interpreter import liveness
 from commlab.errors import CollectiveTimeoutError, CommlabUsageError, RankMismatchError
 from commlab.runtime._ahead import Ahead
+
+if TYPE_CHECKING:
+    from commlab.runtime.membership import Membership
 
 SLOT = 256
 RING = 8  # slots per rank: how many calls may be published before peers check them
@@ -131,6 +136,7 @@ class ControlBlock:
         self.entered = 0  # agree() calls begun: a local error before one is published
         self.last_published = 0  # the newest call this rank published
         ACTIVE[0] = self
+        self.members: Membership | None = None  # the world's members: every wait checks them
 
     @staticmethod
     def nbytes(world_size: int) -> int:
@@ -266,7 +272,9 @@ class ControlBlock:
                 time.sleep(0 if spins < 2000 else 0.0005)
             if spins % 64 == 0:
                 waited = time.monotonic() - start
-                if waited > 0.05:
+                if self.members is not None:  # a lost member: no call can finish
+                    self.members.check(f"{sig.op} #{n}")
+                elif waited > 0.05:
                     self._check_alive(n, sig, pending)
                 if waited > limit(self.timeout):
                     self._timeout(n, sig, pending, what)

@@ -3,10 +3,12 @@
 A collective that raises on one rank before that rank reaches its agreement (an unknown
 keyword, a bad shape argument, any exception of its own checks) would leave the other
 ranks waiting in the agreement, then tell them "ranks called different collectives",
-one call out of step. Wrapped with ``publishes_local_errors``, such an error is published
-as that rank's local error instead: every rank raises the same clear error in the same
-agreement, and the next call works. An error raised inside or after the agreement (a
-mismatch, a timeout, a second thread) is raised as it is.
+one call out of step. Wrapped with ``publishes_local_errors``, such an error is
+published as that rank's local error instead: every rank raises the same clear error in
+the same agreement, and the next call works. An error raised inside or after the
+agreement (a mismatch, a timeout, a second thread) is raised as it is; one behind which
+a member was lost (gloo's "Connection closed by peer" in a host-side exchange, e.g. the
+tuning table's broadcast) is raised as ``RankLostError``.
 """
 
 from __future__ import annotations
@@ -55,6 +57,10 @@ def published(current: Callable[[], Any]) -> Callable[..., Callable[[F], F]]:
                 try:
                     return fn(*args, **kwargs)
                 except Exception as e:
+                    members = getattr(comm, "members", None)
+                    lost = members.behind(e, name) if members is not None else None
+                    if lost is not None:  # a host-side exchange met a dead member
+                        raise lost from e
                     if control.entered != entered or comm.closed:
                         raise  # the agreement raised it, or ran: every rank is in step
                     try:

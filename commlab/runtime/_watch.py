@@ -1,53 +1,46 @@
-"""The CPU backend's watch over waits inside kernels: a dead peer or a wait past the
-timeout in force (the communicator's, or a torch group's: ``_control.call_timeout``)
-raises instead of spinning forever (ranks are processes of one host, so a peer's pid says
-whether it lives). The agreement asks the same watch which peers died."""
+"""The CPU backend's watch over waits inside kernels: a lost peer raises RankLostError
+(``membership``), a wait past the timeout in force (the communicator's, or a torch
+group's: ``_control.call_timeout``) CollectiveTimeoutError naming who is absent, instead
+of spinning forever. The agreement asks the same members which peers are lost."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from commlab.errors import CollectiveTimeoutError
-from commlab.runtime._bootstrap import World
 from commlab.runtime._control import ACTIVE, limit
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")  # zombie: dead
-    except OSError:
-        return False
+from commlab.runtime.membership import Membership
 
 
 class PeerWatch:
-    """``watch(waited)`` raises for a dead peer or a wait past the timeout in force;
-    ``dead()`` lists the peers whose process ended."""
+    """``watch(waited)`` raises for a lost member or a wait past the timeout in force;
+    ``dead()`` lists the lost members; ``where()`` gives the collective this rank last
+    entered and its number (``("", 0)``: none)."""
 
-    def __init__(self, world: World, timeout: float, pids: list[int]):
-        self.rank, self.timeout, self.pids = world.rank, timeout, pids
+    def __init__(self, members: Membership, timeout: float,
+                 where: Callable[[], tuple[str, int]]):
+        self.members, self.timeout, self.where = members, timeout, where
 
     def dead(self) -> list[int]:
-        return [r for r, p in enumerate(self.pids) if r != self.rank and not _alive(p)]
+        return self.members.lost()
 
     def __call__(self, waited: float) -> None:
-        dead = self.dead()
-        if dead:
-            raise CollectiveTimeoutError(
-                f"rank {self.rank}: a wait inside a kernel cannot finish: rank(s) "
-                f"{', '.join(map(str, dead))} died (pid "
-                f"{', '.join(str(self.pids[r]) for r in dead)}); restart the world")
+        op, n = self.where()
+        self.members.check(f"a wait inside a kernel (the last collective entered: {op} #{n})"
+                           if op else "a wait inside a kernel", op)
         t = limit(self.timeout)
         if waited > t:
             control = ACTIVE[0]
             absent = control.absent() if control is not None else ""
             raise CollectiveTimeoutError(
-                f"rank {self.rank}: a wait inside a kernel got no signal within the {t:g} s "
-                f"timeout; " + (f"{absent}; " if absent else "a peer is stuck or did not "
-                                "launch the same kernel; ")
+                f"rank {self.members.rank}: a wait inside a kernel got no signal within the "
+                f"{t:g} s timeout; " + (f"{absent}; " if absent else "a peer is stuck or did "
+                                        "not launch the same kernel; ")
                 + "check for a rank-dependent branch, or raise the limit with "
                 "commlab.init(timeout=...)")
 
 
-def peer_watch(world: World, timeout: float, pids: list[int]) -> PeerWatch:
-    """The CPU backend's check for waits inside kernels (ranks are processes of one host):
-    a dead peer, or a wait longer than the timeout in force, raises."""
-    return PeerWatch(world, timeout, pids)
+def peer_watch(members: Membership, timeout: float,
+               where: Callable[[], tuple[str, int]]) -> PeerWatch:
+    """The check ``_interpreter.liveness`` runs for a wait inside a kernel."""
+    return PeerWatch(members, timeout, where)

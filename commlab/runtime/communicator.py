@@ -34,6 +34,7 @@ from commlab.runtime.heap import (
     SymmetricHeap,
     _fmt_bytes,
 )
+from commlab.runtime.membership import Membership
 
 _DEFAULTS = {  # backend -> (heap_size, scratch_size)
     "cpu": (64 << 20, 16 << 20),
@@ -67,6 +68,12 @@ class Communicator:
     _local: Communicator | None = field(default=None, repr=False)  # across hosts only
     across: HostGroups | None = field(default=None, repr=False)  # across hosts only
     wait_records: torch.Tensor | None = field(default=None, repr=False)  # GPU: wait_records
+    members: Membership | None = field(default=None, repr=False)  # who is alive (one host)
+
+    @property
+    def generation(self) -> int:
+        """How many times this world shrank (0 for the world ``init`` made)."""
+        return self.members.generation if self.members is not None else 0
 
     @property
     def heap_kind(self) -> str:
@@ -247,10 +254,21 @@ def _one_host(world: World, layout: HeapLayout, timeout: float) -> Communicator:
     comm = Communicator(world.rank, world.world_size, world.backend, world.device, ctx, heap,
                         control, world.group, world.cpu_group, world.local_rank, world, keep,
                         wait_records=records)
+    pids = tuple(_heaps.exchange(world, os.getpid()))
+    comm.members = control.members = Membership(
+        world.rank, world.world_size, pids, world.store, world.store_rank, timeout=timeout)
     if world.backend == "cpu":
         bounds.set_heap_size(layout.size)
-        liveness.set_watch(peer_watch(world, timeout, _heaps.exchange(world, os.getpid())))
+        watch_kernels(comm)
     return comm
+
+
+def watch_kernels(comm: Communicator) -> None:
+    """Interpreted kernels' waits of this process check ``comm``'s members and timeout."""
+    control = comm.control
+    assert comm.members is not None and isinstance(control, ControlBlock)
+    liveness.set_watch(peer_watch(comm.members, control.timeout,
+                                  lambda: (control._inside[1] or "", control.seq)))
 
 
 def _across_hosts(world: World, hosts: list[list[int]], layout: HeapLayout,
@@ -260,11 +278,19 @@ def _across_hosts(world: World, hosts: list[list[int]], layout: HeapLayout,
     local_world, groups = split(world, hosts, timeout)
     local = _one_host(local_world, layout, timeout)
     assert isinstance(local.control, ControlBlock)
+    assert local.members is not None
+    local.members.store = None  # each host's keys would meet in the world's one store
     control = HostsAgreement(local.control, hosts, groups.host, groups.cross_hosts,
                              groups.cross_group)
     return Communicator(world.rank, world.world_size, world.backend, world.device,
                         local._context, local.heap, control, world.group, world.cpu_group,
                         world.local_rank, world, [], _local=local, across=groups)
+
+
+def install(comm: Communicator) -> None:
+    """Make ``comm`` this process's communicator (``commlab.shrink()``'s result)."""
+    global _COMM
+    _COMM = comm
 
 
 @contextlib.contextmanager

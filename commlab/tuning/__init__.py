@@ -21,6 +21,7 @@ communicator computes the fingerprint (topology discovery through NVML, once per
 
 from __future__ import annotations
 
+import json
 import time
 from bisect import bisect_left
 from pathlib import Path
@@ -105,7 +106,13 @@ def _load(comm) -> None:
     ranks decide alike even if their disks differ. Called from inside a collective, after
     the ranks agreed on it, so every rank gets here at the same call."""
     table = _read_table(comm) if comm.rank == 0 else None
-    if comm.world_size > 1:
+    members = getattr(comm, "members", None)
+    if comm.world_size > 1 and members is not None and members.store is not None:
+        # through the store: a rank lost meanwhile raises RankLostError, never a hang
+        d = json.loads(members.share("tuning", json.dumps(
+            table.to_dict() if table is not None else None) if comm.rank == 0 else None))
+        table = TuningTable.from_dict(d) if d is not None else None
+    elif comm.world_size > 1:
         import torch.distributed as dist
 
         box = [table.to_dict() if table is not None else None]

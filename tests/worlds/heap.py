@@ -129,7 +129,7 @@ def heap_world(comm) -> dict:
 
 def killed_rank_world(comm, report_path: str) -> None:
     """Rank 1 SIGKILLs itself after init and an allocation; rank 0 must get a
-    CollectiveTimeoutError naming rank 1, and write what happened to ``report_path``."""
+    RankLostError naming rank 1, and write what happened to ``report_path``."""
     keep = commlab.symmetric_zeros((4096,))  # noqa: F841 (alive while the rank dies)
     commlab.all_reduce(torch.ones(16))
     if comm.rank == 1:
@@ -141,7 +141,7 @@ def killed_rank_world(comm, report_path: str) -> None:
         # (commlab.runtime._ahead) and meets the missing rank in its kernel instead
         commlab.all_reduce(torch.ones(17))
         report += "no error\n"
-    except commlab.CollectiveTimeoutError as e:
-        report += f"timeout: {e}\n"
+    except commlab.RankLostError as e:
+        report += f"lost: {e}\n"
     with open(report_path, "w") as f:
         f.write(report)

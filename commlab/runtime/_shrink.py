@@ -1,0 +1,122 @@
+"""``commlab.shrink()``: the survivors of a lost rank continue as a smaller world, in place.
+
+Every survivor calls it after its ``RankLostError``. ``membership.agree`` decides the
+survivors (the same set everywhere); before confirming, each survivor zeroes what it owns
+in the new world (its signal pad and collective flags; new rank 0 also the agreement
+block), so once every survivor confirmed, nobody's stale flag or published call is left
+(every survivor's kernels had ended before it arrived: an interpreted launch raises only
+after all its programs stopped). Then, without another exchange:
+
+- the heap stays as it is (every mapping, the arena, every symmetric tensor with its
+  contents and offset); its ``rank`` and ``bases`` become the survivors' (old order);
+- a new agreement block over the same shared memory, numbered 0..W'-1;
+- a new ``context`` for kernels, no cached launch plans;
+- torch.distributed's default group, which cannot outlive a member, is destroyed and made
+  again over the survivors under a fresh store prefix (the round's: never used before).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from commlab.errors import CommlabUsageError, RankLostError
+from commlab.runtime import communicator as _c
+from commlab.runtime._control import ControlBlock
+from commlab.runtime.heap import FLAGS_BYTES, SIGNAL_PAD_BYTES
+from commlab.runtime.membership import Membership, agree
+
+
+def shrink() -> _c.Communicator:
+    """Continue with the survivors after a ``RankLostError``; returns the new default
+    Communicator (also ``commlab.get_communicator()``). Collective over the survivors."""
+    old = _c.get_communicator()
+    members, control = old.members, old.control
+    if old.across is not None or not isinstance(control, ControlBlock) or members is None:
+        raise CommlabUsageError("commlab.shrink: a world across hosts cannot shrink yet; "
+                                "restart it with the hosts that remain")
+    if old.backend != "cpu":
+        raise CommlabUsageError("commlab.shrink: the cuda backend cannot shrink yet (its "
+                                "kernels need an abort word); use the cpu backend")
+    world = old._world
+    assert world is not None
+    if not world.owns_pg:
+        raise CommlabUsageError(
+            "commlab.shrink: torch.distributed was started outside commlab.init, and its "
+            "default group cannot outlive a member; let commlab.init start it")
+    if dist.is_initialized() and str(dist.get_backend()) != "gloo":
+        raise CommlabUsageError(
+            f"commlab.shrink: torch.distributed's default group runs on "
+            f"{dist.get_backend()!r}, which shrink cannot rebuild yet (only commlab's own "
+            f"gloo group); start the world without COMMLAB_TORCH_BACKEND=commlab")
+    heap = old.heap
+    lay = heap.layout
+
+    def prepare(decision: list[int]) -> None:
+        assert members is not None  # checked above; rebound to each round's members
+        heap.region(lay.signal_pad, SIGNAL_PAD_BYTES + FLAGS_BYTES, torch.uint8).zero_()
+        if decision.index(members.rank) == 0:
+            control.buf[: len(control.buf)] = bytes(len(control.buf))
+
+    bases = list(heap.bases)
+    while True:  # again when a member that confirmed dies before the group connects
+        keep, prefix = agree(members, prepare)
+        new = members.shrunk(keep)
+        bases = [bases[r] for r in keep]
+        try:
+            group = _regroup(world, prefix, new, control.timeout)
+            break
+        except RankLostError:
+            members = new
+    rank, size = new.rank, new.world_size
+    heap.rank, heap.bases = rank, bases
+    block = ControlBlock(control.buf, rank, size, control.timeout)
+    block.members = new
+    records_addr = int(old._context[-1])
+    ctx = torch.tensor([rank, size, heap.bases[rank] + lay.signal_pad,
+                        heap.bases[rank] + lay.flags] + heap.bases + [records_addr],
+                       dtype=torch.int64, device=old.device)
+    world = dataclasses.replace(world, rank=rank, world_size=size, group=group,
+                                cpu_group=group, store_rank=new.store_rank)
+    comm = _c.Communicator(rank, size, old.backend, old.device, ctx, heap, block, group, group,
+                           old.local_rank, world, old._keep, wait_records=old.wait_records,
+                           members=new)
+    old.closed = True  # retired: its heap and mappings live on in ``comm``
+    old.plans.clear()
+    _c.watch_kernels(comm)
+    _c.install(comm)
+    return comm
+
+
+def _regroup(world, prefix: str, new: Membership, timeout: float) -> dist.ProcessGroup:
+    """torch.distributed's default group again, over the survivors only. Connecting
+    blocks in gloo until every member joined (or gloo's timeout), so it runs in a thread
+    while this one watches the members: one lost meanwhile raises RankLostError (the
+    thread is left to fail at its timeout; it never sets the default group)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    assert world.store is not None  # agree() needed it
+    box: dict = {}
+
+    def connect() -> None:
+        try:
+            dist.init_process_group(
+                "gloo", store=dist.PrefixStore(f"{prefix}/pg", world.store), rank=new.rank,
+                world_size=new.world_size, timeout=timedelta(seconds=max(timeout, 30)))
+            box["pg"] = dist.group.WORLD
+        except BaseException as e:  # noqa: BLE001 - raised by the waiting thread
+            box["error"] = e
+
+    t = threading.Thread(target=connect, name="commlab-regroup", daemon=True)
+    t.start()
+    while t.is_alive():
+        t.join(0.005)
+        if t.is_alive():
+            new.check("commlab.shrink (connecting the survivors' group)", "shrink")
+    if "error" in box:
+        raise box["error"]
+    return box["pg"]

@@ -1,0 +1,142 @@
+"""Rank functions for tests/test_elastic.py: a rank SIGKILLed at a random point of a loop
+of collectives, the survivors' RankLostError, commlab.shrink() and the smaller world."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+import time
+
+import torch
+import triton
+
+import commlab
+import commlab.language as cl
+
+
+def _note(note_dir: str, name: str, value) -> None:
+    path = os.path.join(note_dir, name)
+    with open(path + ".tmp", "w") as f:
+        f.write(str(value))
+    os.replace(path + ".tmp", path)
+
+
+def _die(note_dir: str, rank: int) -> None:
+    _note(note_dir, f"killed{rank}", repr(time.time()))
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _die_after(note_dir: str, rank: int, delay: float) -> None:
+    t = threading.Thread(target=lambda: (time.sleep(delay), _die(note_dir, rank)), daemon=True)
+    t.start()
+
+
+def _step(rng: random.Random, i: int, world: int, rank: int) -> None:
+    """One random collective, its result checked (sizes pick different algorithms)."""
+    kind = rng.choice(["all_reduce", "all_reduce", "all_gather", "barrier", "alloc"])
+    n = rng.choice([1, 7, 1000, 5000, 20000])
+    if kind == "all_reduce":
+        y = commlab.all_reduce(torch.full((n,), float(rank + 1)))
+        assert torch.all(y == world * (world + 1) / 2), (i, kind, y[:4])
+    elif kind == "all_gather":
+        y = commlab.all_gather(torch.full((n,), float(rank)))
+        assert torch.equal(y, torch.arange(world).repeat_interleave(n).float()), (i, kind)
+    elif kind == "barrier":
+        commlab.barrier()
+    else:
+        commlab.symmetric_zeros((n,))
+
+
+def _origin(lost: list[int]) -> list[int]:
+    """Lost ranks (numbered in the current world) as ``init`` ranks."""
+    origin = commlab.get_communicator().members.origin
+    return [origin[r] for r in lost]
+
+
+def elastic_rounds_world(comm, plan: list[dict], seed: int, note_dir: str) -> dict:
+    """Rounds of: every rank loops random collectives (the same on every rank), one rank
+    dies, the survivors catch RankLostError, shrink and check the smaller world. Each
+    round of ``plan`` names ranks by their ``init`` rank: ``victim`` dies ``when`` =
+    "timer" (a thread SIGKILLs it ``delay`` s into the loop: anywhere, kernels included)
+    or "before" (at call ``int(delay * 100)``: peers wait in the agreement or an ahead
+    kernel); ``second`` (>= 0) dies ``delay / 10`` s into its shrink (before, during or
+    after the survivors agree: they shrink again when it is still a member)."""
+    me = comm.rank  # the init rank names this process in the plan
+    _note(note_dir, f"pid{me}", os.getpid())
+    kept = commlab.symmetric_zeros((257,))
+    kept.fill_(float(me))
+    rounds = []
+    for k, rnd in enumerate(plan):
+        rng = random.Random(seed * 100 + k)  # the same collectives on every rank
+        comm = commlab.get_communicator()
+        rank, world = comm.rank, comm.world_size
+        commlab.barrier()
+        if me == rnd["victim"] and rnd["when"] == "timer":
+            _die_after(note_dir, me, rnd["delay"])
+        errors, i = [], 0
+        try:
+            while True:
+                if me == rnd["victim"] and rnd["when"] == "before" and i == int(rnd["delay"] * 100):
+                    _die(note_dir, me)
+                _step(rng, i, world, rank)
+                i += 1
+        except commlab.RankLostError as e:
+            caught = time.time()
+            errors.append(_origin(e.lost))
+            text = str(e)
+        second = rnd.get("second", -1)
+        if me == second:
+            _die_after(note_dir, me, rnd["delay"] / 10)
+        shrinks = 0
+        while True:
+            try:
+                new = commlab.shrink()
+                shrunk = time.time()
+                shrinks += 1
+                if me == second:
+                    time.sleep(60)  # its timer kills it: it never leaves its shrink
+                w = new.world_size
+                y = commlab.all_reduce(torch.full((1000,), float(new.rank + 1)))
+                done = time.time()
+                assert torch.all(y == w * (w + 1) / 2), ("first all_reduce", w, y[:4])
+                z = commlab.all_reduce(kept)  # a tensor of the first world, used in this one
+                break
+            except commlab.RankLostError as e:  # a member died during the shrink
+                errors.append(_origin(e.lost))
+        members = list(new.members.origin)
+        rounds.append({
+            "errors": errors, "text": text, "caught": caught, "shrunk": shrunk, "done": done,
+            "calls": i,
+            "shrinks": shrinks, "rank": new.rank, "world": w, "members": members,
+            "generation": new.generation, "current": commlab.get_communicator() is new,
+            "rank_is_index": new.rank == members.index(me),
+            "kept_ok": bool(torch.all(kept == me)), "z_ok": bool(torch.all(z == sum(members)))})
+    return {"me": me, "rounds": rounds}
+
+
+@triton.jit
+def _barrier_kernel(ctx):
+    cl.barrier(ctx)
+
+
+def store_rank_dies_world(comm, note_dir: str) -> dict:
+    """Rank 0, which serves the store, dies while the others wait for it in a user
+    kernel's ``cl.barrier``; their RankLostError and shrink."""
+    _note(note_dir, f"pid{comm.rank}", os.getpid())
+    commlab.barrier()
+    if comm.rank == 0:
+        _die(note_dir, 0)
+    try:
+        _barrier_kernel[(1,)](comm.context)
+    except commlab.RankLostError as e:
+        caught, text = time.time(), str(e)
+    t0 = time.monotonic()
+    try:
+        commlab.shrink()
+        shrink = "returned"
+    except commlab.CommlabError as e:
+        shrink = f"{type(e).__name__}: {e}"
+    return {"caught": caught, "text": text, "shrink": shrink,
+            "shrink_s": time.monotonic() - t0}
