@@ -121,7 +121,7 @@ def dead_rank_world(comm) -> dict:
     if rank == 1:
         os.kill(os.getpid(), signal.SIGKILL)
     time.sleep(0.5)
-    dist.all_reduce(t)  # raises: rank 1 died
+    dist.all_reduce(t)  # raises RankLostError: rank 1 was lost
     return {}
 
 
