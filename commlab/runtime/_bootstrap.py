@@ -165,7 +165,11 @@ def bootstrap(backend: str, timeout_s: float) -> World:
 def _agree_backend(store, rank: int, world_size: int, local_rank: int,
                    wanted: str) -> tuple[str, Placement]:
     """The backend every rank uses, and which GPU each rank has (its identity, or "")."""
-    store.set(f"gpu/{rank}", _gpu_of(local_rank))
+    from commlab import _interpreter as _interpret
+
+    # a rank that will run on the CPU does not touch CUDA (no driver state in its process)
+    maybe_cuda = wanted == "cuda" or (wanted == "auto" and not _interpret.interpreting())
+    store.set(f"gpu/{rank}", _gpu_of(local_rank) if maybe_cuda else "")
     gpus = tuple(store.get(f"gpu/{r}").decode() for r in range(world_size))
     without = [r for r, g in enumerate(gpus) if not g]
     if wanted == "cuda" and without:
@@ -175,8 +179,6 @@ def _agree_backend(store, rank: int, world_size: int, local_rank: int,
             f"(torch.cuda.device_count() is {torch.cuda.device_count()} here); "
             f"use backend='cpu', or give every rank a GPU"
         )
-    from commlab import _interpreter as _interpret
-
     placement = Placement(gpus)
     if wanted == "auto" and _interpret.interpreting():
         return "cpu", placement  # the interpreter was chosen at import: kernels run on CPU
