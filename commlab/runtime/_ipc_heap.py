@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from commlab.errors import CommlabUsageError
+from commlab.runtime.membership import alive as _alive
 
 OPEN, CLOSED = 0, 1  # a rank's closed word: still mapping its peers' heaps, or not any more
 
@@ -53,16 +54,6 @@ class Offer:
     gpu: str
     layout: tuple[int, int]  # (heap size, scratch bytes)
     handle: bytes
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _fmt(layout: tuple[int, int]) -> str:

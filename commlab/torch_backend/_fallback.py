@@ -39,12 +39,11 @@ class Fallback:
         return self._nccl
 
     def _ranks_share_gpu(self) -> bool:
-        from commlab.runtime._devices import identity
+        from commlab.runtime._devices import Placement, identity
 
         store = dist.PrefixStore("commlab-fallback/gpus", self._store)
         store.set(str(self._rank), identity(torch.cuda.current_device()))
-        gpus = [store.get(str(r)).decode() for r in range(self._size)]
-        return len(set(gpus)) < len(gpus)
+        return Placement(tuple(store.get(str(r)).decode() for r in range(self._size))).shared
 
     def for_tensors(self, *tensors):
         """The group for these tensors' device (the first tensor found decides)."""

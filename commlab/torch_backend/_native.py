@@ -162,16 +162,24 @@ def reduce_(comm, t: torch.Tensor, name: str, dst: int, algorithm: str = "auto")
     all_reduce_(comm, t if comm.rank == dst else t.clone(), name, algorithm)
 
 
+def _root_list_error(comm, op: str, arg: str, role: str, items: list, ref: torch.Tensor,
+                     ref_name: str, root: int) -> str:
+    """The root's rule for gather_list / scatter_list: world-size many tensors, each
+    like ``ref`` ("" on other ranks or when it holds)."""
+    W = comm.world_size
+    if comm.rank != root:
+        return ""
+    if len(items) != W:
+        return f"{op}: {arg} has {len(items)} tensors on the {role}; pass world size ({W})"
+    if any(t.numel() != ref.numel() or t.dtype != ref.dtype for t in items):
+        return (f"{op}: every {arg} tensor must match the {ref_name} ({ref.numel()} "
+                f"elements of {_dt(ref.dtype)}); size them like the {ref_name}")
+    return ""
+
+
 def gather_(comm, outs: list, inp: torch.Tensor, dst: int) -> None:
     """``dist.gather``: an all-gather whose rows only ``dst`` copies out."""
-    W = comm.world_size
-    err = ""
-    if comm.rank == dst and len(outs) != W:
-        err = f"gather: gather_list has {len(outs)} tensors on the root; pass world size ({W})"
-    elif comm.rank == dst and any(o.numel() != inp.numel() or o.dtype != inp.dtype
-                                  for o in outs):
-        err = (f"gather: every gather_list tensor must match the input ({inp.numel()} "
-               f"elements of {_dt(inp.dtype)}); size them like the input")
+    err = _root_list_error(comm, "gather", "gather_list", "root", outs, inp, "input", dst)
     check(comm, "gather", err)
     agree(comm, "dist.gather", dtype=_dt(inp.dtype), shape=tuple(inp.shape), dst=dst)
     rows = gather_rows(comm, inp)
@@ -183,13 +191,7 @@ def gather_(comm, outs: list, inp: torch.Tensor, dst: int) -> None:
 def scatter_(comm, out: torch.Tensor, ins: list, src: int) -> None:
     """``dist.scatter``: ``src`` broadcasts its whole list, each rank keeps its row."""
     W = comm.world_size
-    err = ""
-    if comm.rank == src and len(ins) != W:
-        err = f"scatter: scatter_list has {len(ins)} tensors on the source; pass world size ({W})"
-    elif comm.rank == src and any(t.numel() != out.numel() or t.dtype != out.dtype
-                                  for t in ins):
-        err = (f"scatter: every scatter_list tensor must match the output ({out.numel()} "
-               f"elements of {_dt(out.dtype)}); size them like the output")
+    err = _root_list_error(comm, "scatter", "scatter_list", "source", ins, out, "output", src)
     check(comm, "scatter", err)
     agree(comm, "dist.scatter", dtype=_dt(out.dtype), shape=tuple(out.shape), src=src)
     if comm.rank == src:
