@@ -207,7 +207,8 @@ def _records(ctx):
 def timestamp(ctx, slot):
     """Store ``clock()`` in user stamp ``slot`` (0..63) of this rank's records; the host
     reads them with ``commlab.runtime.records.stamps(comm)``. Any program may call it."""
-    tl.store(_records(ctx) + 8 + 4 * _REC_RING + slot % _REC_STAMPS, clock())
+    off = tl.cast(slot, tl.int64) % _REC_STAMPS
+    tl.store(_records(ctx) + 8 + 4 * _REC_RING + off, clock())
 
 
 @triton.jit

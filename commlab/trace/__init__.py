@@ -42,15 +42,24 @@ def span(name: str, kind: str = "compute", **kw):
     return RECORDER.span(name, kind, **kw)
 
 
+def _event(name: str, kw: dict):
+    """A profiler event with ``kw`` as its args (exported with ``record_shapes=True``, as
+    torch's own ops' input shapes are)."""
+    fast = getattr(torch._C._profiler, "_RecordFunctionFast", None)
+    if fast is None:  # an older torch: the name only
+        return torch.profiler.record_function(name)
+    return fast(name, [], kw)
+
+
 @contextlib.contextmanager
 def collective(op: str, nbytes: int, algorithm: str, device=None, *, shape=(), dtype=""):
     """Used by commlab's collectives: a "comm" span with the bytes moved and algorithm.
     Under torch.profiler the region is also an event ``commlab:<op>`` whose args name
-    the shape, dtype, bytes and algorithm, so profiler traces (and HTA, through
+    the shape, dtype, bytes and algorithm (exported with ``record_shapes=True``), so profiler traces (and HTA, through
     ``trace.mark_communication``) see commlab's communication by name."""
     if torch.autograd._profiler_enabled():
-        args = f"shape={list(shape)}, dtype={dtype}, bytes={nbytes}, algorithm={algorithm}"
-        with torch.profiler.record_function(f"commlab:{op}", args), \
+        kw = {"shape": str(list(shape)), "dtype": dtype, "bytes": nbytes, "algorithm": algorithm}
+        with _event(f"commlab:{op}", kw), \
                 RECORDER.span(op, "comm", bytes=nbytes, algorithm=algorithm, device=device):
             yield
         return
