@@ -106,13 +106,13 @@ def pick(comm, op: str, x, algorithms: tuple[str, ...]) -> str | None:
     return k.current
 
 
-def _frozen(key: tuple, k: _Key | None) -> None:
+def _frozen(key: tuple, k: _Key | None) -> str | None:
     if key not in _FROZEN:
         _FROZEN.add(key)
         now = k.current if k is not None else "the table's choice"
         print(f"commlab: CUDA-graph capture froze {key[0]}'s online choice for this size "
               f"({now}); a replay cannot re-choose", file=sys.stderr, flush=True)
-    return None if k is None else k.current  # type: ignore[return-value]
+    return None if k is None else k.current
 
 
 def feed(comm) -> None:
@@ -141,7 +141,7 @@ def _decide(comm, key: tuple, k: _Key) -> None:
         if cur != k.current or why:
             k.history.append((k.calls, cur, why))
     ctl.agree(Signature("adapt", {"op": key[0], "call": k.calls}))
-    calls, index, burst = _decode(ctl.note(0))
+    calls, index, burst_bit = _decode(ctl.note(0))
     if calls != k.calls % (1 << 40):
         from commlab.errors import CommlabError  # noqa: PLC0415
         raise CommlabError(f"{key[0]}: rank 0's online choice is for call {calls}, this "
@@ -149,7 +149,7 @@ def _decide(comm, key: tuple, k: _Key) -> None:
     new = k.algorithms[index]
     if new != k.current:
         k.chosen_median = 0.0
-    k.current, k.burst = new, bool(burst)
+    k.current, k.burst = new, bool(burst_bit)
 
 
 def _judge(k: _Key) -> tuple[str, bool, str]:

@@ -13,10 +13,10 @@ import triton.language as tl
 
 import commlab.language as cl
 from commlab import _config
+from commlab.collectives._measure import measured as _measured
 from commlab.runtime._control import Signature
 from commlab.runtime.communicator import Communicator, get_communicator
 from commlab.runtime.heap import MAX_BARRIER_BLOCKS
-from commlab.collectives._measure import measured as _measured
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.int32)
 OPS = {"sum": 0, "max": 1, "min": 2}

@@ -7,8 +7,8 @@ import contextlib
 import gc
 import os
 import sys
-from typing import Any
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist

@@ -211,9 +211,9 @@ class Book:
             self.pending.popleft()
             first, last = rows[0], rows[-1]
             rec = CallRecord(op, alg, nbytes, dtype, k0 + 1,
-                             [int(v) for v in first[:, 0]],  # type: ignore[index]
-                             [int(v) for v in first[:, 1]],  # type: ignore[index]
-                             [int(v) for v in last[:, 2]], meta)  # type: ignore[index]
+                             [int(v) for v in first[:, 0]],
+                             [int(v) for v in first[:, 1]],
+                             [int(v) for v in last[:, 2]], meta)
             out.append(rec)
             self.done.append(rec)
             self.seen += 1

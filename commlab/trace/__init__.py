@@ -55,8 +55,9 @@ def _event(name: str, kw: dict):
 def collective(op: str, nbytes: int, algorithm: str, device=None, *, shape=(), dtype=""):
     """Used by commlab's collectives: a "comm" span with the bytes moved and algorithm.
     Under torch.profiler the region is also an event ``commlab:<op>`` whose args name
-    the shape, dtype, bytes and algorithm (exported with ``record_shapes=True``), so profiler traces (and HTA, through
-    ``trace.mark_communication``) see commlab's communication by name."""
+    the shape, dtype, bytes and algorithm (exported with ``record_shapes=True``), so
+    profiler traces (and HTA, through ``trace.mark_communication``) see commlab's
+    communication by name."""
     if torch.autograd._profiler_enabled():
         kw = {"shape": str(list(shape)), "dtype": dtype, "bytes": nbytes, "algorithm": algorithm}
         with _event(f"commlab:{op}", kw), \
