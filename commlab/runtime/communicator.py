@@ -8,6 +8,7 @@ import gc
 import os
 import sys
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -69,6 +70,7 @@ class Communicator:
     across: HostGroups | None = field(default=None, repr=False)  # across hosts only
     wait_records: torch.Tensor | None = field(default=None, repr=False)  # GPU: wait_records
     members: Membership | None = field(default=None, repr=False)  # who is alive (one host)
+    records: Any = field(default=None, repr=False)  # runtime.records.Book, made at first use
 
     @property
     def generation(self) -> int:
@@ -144,6 +146,7 @@ class Communicator:
         self._device_sync()  # calls that ran ahead are forgotten, not checked
         lay = self.heap.layout
         self.heap.region(lay.signal_pad, SIGNAL_PAD_BYTES + FLAGS_BYTES, torch.uint8).zero_()
+        self.records = None  # the call records were zeroed with the flags
         self.control.reset()
         self._device_sync()
         dist.barrier(group=self.cpu_group)
