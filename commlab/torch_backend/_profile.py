@@ -45,7 +45,7 @@ def enabled() -> bool:
 @contextlib.contextmanager
 def titled(name: str):
     """Works made inside take ``name`` as their profiler title ("" for none)."""
-    if _set_comm_profiling_name is None:
+    if _set_comm_profiling_name is None or _get_comm_profiling_name is None:
         with torch.profiler.record_function(name) if name and enabled() \
                 else contextlib.nullcontext():
             yield
