@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import contextlib
+import threading
 
 import torch
 
@@ -51,6 +52,22 @@ def _event(name: str, kw: dict):
     return fast(name, [], kw)
 
 
+_OUTER = threading.local()  # .named: an enclosing call records the profiler event
+
+
+@contextlib.contextmanager
+def event_named_outside():
+    """Collectives called inside make no ``commlab:<op>`` profiler event of their own:
+    the caller records the call's event (the torch backend's, with torch's shapes), so a
+    profile shows one event per call."""
+    before = getattr(_OUTER, "named", False)
+    _OUTER.named = True
+    try:
+        yield
+    finally:
+        _OUTER.named = before
+
+
 @contextlib.contextmanager
 def collective(op: str, nbytes: int, algorithm: str, device=None, *, shape=(), dtype=""):
     """Used by commlab's collectives: a "comm" span with the bytes moved and algorithm.
@@ -58,7 +75,7 @@ def collective(op: str, nbytes: int, algorithm: str, device=None, *, shape=(), d
     the shape, dtype, bytes and algorithm (exported with ``record_shapes=True``), so
     profiler traces (and HTA, through ``trace.mark_communication``) see commlab's
     communication by name."""
-    if torch.autograd._profiler_enabled():
+    if torch.autograd._profiler_enabled() and not getattr(_OUTER, "named", False):
         kw = {"shape": str(list(shape)), "dtype": dtype, "bytes": nbytes, "algorithm": algorithm}
         with _event(f"commlab:{op}", kw), \
                 RECORDER.span(op, "comm", bytes=nbytes, algorithm=algorithm, device=device):
@@ -79,6 +96,7 @@ def needed() -> bool:
 
 
 __all__ = ["OverlapMetrics", "Span", "arrival_spans", "classify", "collective",
+           "event_named_outside",
            "is_recording", "load_torch_trace", "mark_communication", "needed", "straggler",
            "straggler_text", "overlap_metrics", "ratio_warnings", "span", "start",
            "stop", "to_chrome_trace"]
