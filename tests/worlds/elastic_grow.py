@@ -87,6 +87,10 @@ def grow_times_out(comm) -> dict:
             "same": commlab.get_communicator() is comm}
 
 
+def idle(comm) -> None:
+    time.sleep(4)  # a newcomer's 1 s timeout passes while nobody grows
+
+
 def lonely_newcomer(_) -> dict:
     """A newcomer nobody admits: a clear error after its timeout."""
     t0 = time.monotonic()
