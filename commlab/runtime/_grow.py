@@ -343,7 +343,11 @@ def _connect(comm: _c.Communicator, prefix: str) -> None:
         dist.destroy_process_group()
     members, world = comm.members, comm._world
     assert members is not None and world is not None and members.store is not None
-    store = members.store
+    # a connection of its own: a thread left blocked in gloo's rendezvous (a rank died)
+    # would otherwise hold the store's one socket until gloo's timeout, and with it every
+    # store call of this process (shrink's agreement included)
+    clone = getattr(members.store, "clone", None)
+    store = clone() if clone is not None else members.store
     box: dict = {}
 
     def connect() -> None:
