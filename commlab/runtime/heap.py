@@ -167,6 +167,8 @@ class SymmetricHeap:
         self._make_block = make_block
         self.arena = Arena(layout.arena, layout.size)
         self.closed = False
+        self.fd: int | None = None  # cpu: an open fd of this rank's segment (a grow maps it)
+        self.inherited: dict[int, torch.Tensor] = {}  # a newcomer's blocks held since its join
 
     @property
     def size(self) -> int:
