@@ -10,13 +10,14 @@ This package is layer 0 and imports nothing above it; a checker registers here:
 - ``host.set_wait_observer`` (in ``host``): every host-side poll of a spin-wait;
 - ``memory.set_observer``: every load, store and atomic.
 
-``install()`` wraps the interpreter's launch once: the launch runs its programs through
-``programs.run``; with no observer registered that costs one ``None`` check.
+``install()`` wraps the interpreter's launch once: with no launch observer a kernel
+with a host twin that may run (``twins``) runs as its twin, any other launch runs its
+programs through ``programs.run``.
 """
 
 from __future__ import annotations
 
-from commlab._interpreter import programs
+from commlab._interpreter import programs, twins
 
 _STATE = {"launch": None, "installed": False}
 
@@ -47,6 +48,9 @@ def install() -> bool:
     def launch(self, *args, **kwargs):
         fn = _STATE["launch"]
         if fn is None:
+            twin = twins.lookup(self.fn)
+            if twin is not None and twins.run(twin, self, args, kwargs):
+                return None
             return programs.run(self, grid_call, args, kwargs)
         return fn(self.fn, self.grid, lambda: programs.run(self, grid_call, args, kwargs))
 
