@@ -21,12 +21,14 @@ decline (the interpreter then runs the kernel), anything else once it ran the la
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 
 from commlab import _config
 from commlab._interpreter import host, hostmem, memory, programs
 
 _TWINS: dict[tuple[str, str], Callable[..., object]] = {}
+RAN: Counter = Counter()  # kernel name -> launches its twin ran (tests, introspection)
 
 
 def register(kernel, twin: Callable[..., object]) -> None:
@@ -71,6 +73,9 @@ def run(twin: Callable[..., object], ex, args: tuple, kwargs: dict) -> bool:
         named[k] = kwargs[k]
     grid = tuple(grid) + (1,) * (3 - len(grid))
     try:
-        return twin(grid, **named) is not False
+        ran = twin(grid, **named) is not False
     finally:
         hostmem.forget()
+    if ran:
+        RAN[ex.fn.__name__] += 1
+    return ran

@@ -47,7 +47,11 @@ class Program:
     def wait_all(self, value: int, bank: int = 0) -> None:
         """Acquire from every peer: returns once each signalled ``value`` or more."""
         for src in self.peers:
-            hostmem.wait_at_least(self._slot(src, bank), value)
+            self.wait_from(src, value, bank)
+
+    def wait_from(self, src: int, value: int, bank: int = 0) -> None:
+        """Acquire from rank ``src`` alone (``_sync.wait_from``)."""
+        hostmem.wait_at_least(self._slot(src, bank), value)
 
     def local(self, t: torch.Tensor, offset: int, numel: int) -> torch.Tensor:
         """``numel`` elements of symmetric tensor ``t`` from element ``offset``, ours."""
