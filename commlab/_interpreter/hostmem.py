@@ -16,7 +16,9 @@ import time
 
 import numpy as np
 import torch
+import triton.language as tl
 from triton._C.libtriton import interpreter as _atomics  # type: ignore[import-not-found]
+from triton.runtime.interpreter import _convert_float
 
 from commlab._interpreter import blocked, bounds, liveness
 from commlab.errors import CommlabUsageError
@@ -84,19 +86,35 @@ def acquire_load(addr: int) -> int:
 
 
 def wait_at_least(addr: int, want: int, program=0) -> None:
-    """``cl.wait``: return once the int32 at ``addr`` is >= ``want`` (acquire). Yields
-    the core between polls (ranks may outnumber cores), sleeping after a short burst."""
+    """``cl.wait``: return once the int32 at ``addr`` is >= ``want`` (acquire). Polls
+    with plain reads (a fraction of a microsecond each) and yields the core between
+    polls, sleeping after a short burst (ranks may outnumber cores); the final read is
+    the acquire."""
+    cell = ctypes.c_int32.from_address(addr)
     polls, start = 0, 0.0
-    while acquire_load(addr) < want:
-        blocked.poll(addr, want, ">=", "wait", program)
-        liveness.check(addr, want)
+    while cell.value < want:
         polls += 1
-        if polls <= 8:
+        if polls <= 4:
             os.sched_yield()
             continue
+        blocked.poll(addr, want, ">=", "wait", program)
+        liveness.check(addr, want)
+        now = time.monotonic()
         if not start:
-            start = time.monotonic()
-        time.sleep(0.00005 if time.monotonic() - start < 0.002 else 0.0002)
+            start = now
+        time.sleep(0.00005 if now - start < 0.002 else 0.0002)
+    acquire_load(addr)  # values only grow: this reads >= want and orders what follows
+
+
+def store_cast(out: torch.Tensor, acc: torch.Tensor) -> None:
+    """``out = acc.to(out.dtype)`` with the interpreter's rounding: its fp32 -> bf16 cast
+    truncates (Triton's ``_convert_float`` without a rounding mode), torch's rounds to
+    nearest; every other cast is numpy's, which rounds as torch does."""
+    if out.dtype != torch.bfloat16 or acc.dtype != torch.float32:
+        out.copy_(acc)
+        return
+    bits = _convert_float(acc.contiguous().numpy(), tl.float32, tl.bfloat16, None)
+    out.view(torch.int16).copy_(torch.from_numpy(bits.view(np.int16)))
 
 
 def forget() -> None:

@@ -57,13 +57,12 @@ def checked() -> bool:
             or not _config.get("COMMLAB_CPU_TWINS"))
 
 
-def run(twin: Callable[..., object], ex, args: tuple, kwargs: dict) -> bool:
-    """Run the launch of GridExecutor ``ex`` as ``twin``; False if the twin declined
-    (a callable grid, a parameter left to its default, or the twin's own refusal)."""
-    grid = ex.grid
+def run(twin: Callable[..., object], name: str, names: list[str], grid, args: tuple,
+        kwargs: dict) -> bool:
+    """Run a launch of kernel ``name`` (parameters ``names``) as ``twin``; False if the
+    twin declined (a callable grid, a parameter left to its default, its own refusal)."""
     if callable(grid):
         return False
-    names = ex.arg_names
     if len(args) > len(names):
         return False
     named = dict(zip(names, args))
@@ -77,5 +76,5 @@ def run(twin: Callable[..., object], ex, args: tuple, kwargs: dict) -> bool:
     finally:
         hostmem.forget()
     if ran:
-        RAN[ex.fn.__name__] += 1
+        RAN[name] += 1
     return ran

@@ -67,12 +67,25 @@ def reduce_into(out: torch.Tensor, parts: list[torch.Tensor], op: int) -> None:
     """``out = parts[0] (op) parts[1] (op) …`` in that order, floats in fp32 (the
     kernels' ``load_acc``/``combine``: 0 sum, 1 max, 2 min)."""
     acc_dtype = torch.float32 if parts[0].is_floating_point() else parts[0].dtype
-    acc = parts[0].to(acc_dtype, copy=True)
-    for p in parts[1:]:
-        if op == 0:
-            acc.add_(p)
-        elif op == 1:
-            torch.maximum(acc, p, out=acc)
-        else:
-            torch.minimum(acc, p, out=acc)
-    out.copy_(acc)
+    if len(parts) == 1:
+        hostmem.store_cast(out, parts[0].to(acc_dtype))
+        return
+    if out.dtype == acc_dtype and out.is_contiguous():  # accumulate in place: no temporary
+        acc = out
+        _combine(parts[0], parts[1], op, acc)
+    else:
+        acc = torch.empty(out.shape, dtype=acc_dtype)
+        _combine(parts[0].to(acc_dtype), parts[1], op, acc)
+    for p in parts[2:]:
+        _combine(acc, p, op, acc)
+    if acc is not out:
+        hostmem.store_cast(out, acc)
+
+
+def _combine(a: torch.Tensor, b: torch.Tensor, op: int, out: torch.Tensor) -> None:
+    if op == 0:
+        torch.add(a, b, out=out)
+    elif op == 1:
+        torch.maximum(a, b, out=out)
+    else:
+        torch.minimum(a, b, out=out)
