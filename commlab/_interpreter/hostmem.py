@@ -17,7 +17,7 @@ import time
 import numpy as np
 import torch
 import triton.language as tl
-from triton._C.libtriton import interpreter as _atomics  # type: ignore[import-not-found]
+from triton._C.libtriton import interpreter as _atomics
 from triton.runtime.interpreter import _convert_float
 
 from commlab._interpreter import blocked, bounds, liveness

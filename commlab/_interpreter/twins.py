@@ -41,7 +41,7 @@ def lookup(fn) -> Callable[..., object] | None:
     """The twin for the interpreted function ``fn`` if one may run now, else None."""
     if not _TWINS:
         return None
-    twin = _TWINS.get((getattr(fn, "__module__", None), getattr(fn, "__name__", None)))
+    twin = _TWINS.get((getattr(fn, "__module__", ""), getattr(fn, "__name__", "")))
     if twin is None or checked():
         return None
     return twin
@@ -65,7 +65,7 @@ def run(twin: Callable[..., object], name: str, names: list[str], grid, args: tu
         return False
     if len(args) > len(names):
         return False
-    named = dict(zip(names, args))
+    named = dict(zip(names, args, strict=False))  # the rest come from kwargs
     for k in names[len(args):]:
         if k not in kwargs:
             return False

@@ -22,7 +22,7 @@ def _calls(world: int, gen: torch.Generator):
                     yield (f"all_reduce {algo} {op} n={n} {dtype}",
                            lambda x=x, a=algo, o=op: commlab.all_reduce(x, op=o, algorithm=a))
         x = torch.randn(n * world, generator=gen)
-        yield f"all_gather n={n}", lambda x=x: commlab.all_gather(x[:n])
+        yield f"all_gather n={n}", lambda x=x, n=n: commlab.all_gather(x[:n])
         yield f"reduce_scatter n={n}", lambda x=x: commlab.reduce_scatter(x, op="sum")
         yield f"all_to_all n={n}", lambda x=x: commlab.all_to_all(x)
         for src in range(world):
