@@ -4,8 +4,8 @@ Each is its kernel's program 0 line for line (same inboxes, epochs, signals, red
 order), with whole-range tensor copies in place of block loops. They run only for a
 one-program launch without pipelining (the CPU launch shape) and while no checker
 watches; otherwise the interpreter runs the kernel. Measured on the 2-core box, 4 ranks
-(bench/results/cpu-eager-w4.json): all_reduce of 1M fp32 and of 256 KiB, against the
-interpreter's 59 and 43 ms.
+(bench/results/cpu-eager-w4.json): all_reduce of 1M fp32 10.2 ms and of 256 KiB 2.9 ms,
+against the interpreter's 58.6 and 42.5 ms and gloo's 17.9 and 9.9.
 """
 
 from __future__ import annotations
