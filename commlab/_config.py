@@ -108,6 +108,10 @@ VARS: dict[str, Var] = {v.name: v for v in (
     Var("COMMLAB_INTERPRETER_FASTCALL", "1", _flag,
         "`0` turns off commlab's faster kernel launch under Triton's interpreter",
         "commlab._interpreter"),
+    Var("COMMLAB_CPU_TWINS", "1", _flag,
+        "`0` runs commlab's collectives in Triton's interpreter even with no checker on "
+        "(by default a host twin of the kernel runs them unless racecheck watches)",
+        "commlab._interpreter"),
     Var("COMMLAB_WORLD_KEY", None, str,
         "secret the ranks MAC the bootstrap store's values with (the same on every rank; "
         "default: a per-user key in `~/.cache/commlab/world-key`, enough on one host)",
