@@ -200,6 +200,11 @@ def init(backend: str = "auto", *, heap_size=None, scratch_size=None,
                 f"{_COMM.backend!r} communicator; call commlab.finalize() first to switch"
             )
         return _COMM
+    if _config.get("COMMLAB_JOIN"):  # a replacement worker of python -m commlab.run
+        raise CommlabUsageError(
+            "commlab.init: COMMLAB_JOIN=1 asks to join a running world, and this commlab has "
+            "no commlab.init(join=True) (nor commlab.grow); unset COMMLAB_JOIN, or run "
+            "python -m commlab.run with --max-restarts 0")
     timeout = float(timeout if timeout is not None else _config.get("COMMLAB_TIMEOUT"))
     world = bootstrap(backend, timeout)
     if world.backend == "cpu":
