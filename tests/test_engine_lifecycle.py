@@ -38,8 +38,7 @@ def test_dead_rank_is_reported_by_number_and_restart_brings_the_world_back(ip):
     magic(ip, "dist_start", "-n 2 --backend cpu")
     with pytest.raises(RankDiedError, match=r"rank 1 \(exit code 3\) died"):
         cell(ip, "import os, time\nif rank == 1:\n    os._exit(3)\ncommlab.barrier()\n")
-    with pytest.raises(UsageError, match="%dist_restart"):
-        cell(ip, "pass")
+    assert current_world().size == 1  # the survivor goes on (tests/test_engine_elastic.py)
     magic(ip, "dist_restart")
     assert "[ranks 0, 1] sum [2.0, 2.0] 2" in sums(ip)
 

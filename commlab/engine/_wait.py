@@ -182,15 +182,43 @@ class CellRun:
         codes = [self.world.exit_code(self.pid[r]) if self.world.here(self.info[r]) else None
                  for r in dead]
         why = ", ".join(f"rank {r} ({_exit_str(c)})" for r, c in zip(dead, codes, strict=True))
-        self.world.broken = f"{ranks_str(dead)} died while running a cell"
+        pids = ", ".join(str(self.pid[r]) for r in dead)
         others = sorted(running - set(dead))
+        if getattr(self.world, "elastic", False):
+            self._continue_without(dead, others, f"{why} died while running the cell (pid "
+                                                 f"{pids}). ")
+        self.world.broken = f"{ranks_str(dead)} died while running a cell"
         self.world.signal(others, signal.SIGINT)
         self._settle(others, INTERRUPT_WAIT_S)
         self.out.pump(set(), final=True)
         raise RankDiedError(
-            f"{why} died while running the cell (pid {', '.join(str(self.pid[r]) for r in dead)})"
-            f"; the other ranks were interrupted. The world is unusable: run %dist_restart "
-            f"(a segfault or an out-of-memory kill ends a rank this way)")
+            f"{why} died while running the cell (pid {pids}); the other ranks were "
+            f"interrupted. The world is unusable: run %dist_restart (a segfault or an "
+            f"out-of-memory kill ends a rank this way)")
+
+    def _continue_without(self, dead: list[int], others: list[int], head: str) -> None:
+        """The survivors' collectives raise RankLostError within COMMLAB_PEER_TIMEOUT and
+        their cells end (a rank busy outside commlab is interrupted after ``grace``); then
+        every survivor shrinks (``World.continue_without``) and the cell's error says so."""
+        left = self._settle(others, _config.get("COMMLAB_PEER_TIMEOUT") + self.grace)
+        if left:
+            self.world.signal(left, signal.SIGINT)
+            left = self._settle(left, INTERRUPT_WAIT_S)
+        self.out.pump(set(), final=True)
+        if left:
+            self.world.kill(left)
+            self.world.broken = f"{ranks_str(dead + left)} died or would not stop"
+            raise RankDiedError(f"{head}{ranks_str(left)} did not stop after an interrupt "
+                                f"and {'was' if len(left) == 1 else 'were'} ended; run "
+                                f"%dist_restart")
+        lost = sorted(r for r in others if self._lost_here(r))
+        note = (f"{ranks_str(lost)} raised RankLostError in the cell. " if lost else "")
+        raise RankDiedError(head + note + self.world.continue_without(dead))
+
+    def _lost_here(self, r: int) -> bool:
+        f = self.fut[r]
+        val = (f.exception() or self.md[r].get("error")) if f.done() else None
+        return val is not None and "RankLostError" in getattr(val, "ename", type(val).__name__)
 
     def _check_hang(self, running: set[int], now: float) -> None:
         if self.world.relay.active:
