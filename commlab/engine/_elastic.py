@@ -4,7 +4,8 @@ The notebook serves the world's store (``NotebookStore``; ranks are its clients 
 ``TORCHELASTIC_USE_AGENT_STORE=true``), so any rank, rank 0 included, may die. A rank that
 dies during a cell: the others raise ``RankLostError`` inside their collectives within
 ``COMMLAB_PEER_TIMEOUT`` and their cells end; ``continue_without`` then runs
-``commlab.shrink()`` on every survivor (its variables and symmetric tensors stay; ``rank``,
+``commlab.shrink()`` on every survivor that has not shrunk in the cell itself (its
+variables and symmetric tensors stay; ``rank``,
 ``world_size``, ``comm`` are rebound) and renumbers the world's ``RankInfo``s.
 ``grow`` (``%dist_resize +N``) starts N engines that call ``commlab.init(join=True)``
 while the members call ``commlab.grow(N)``, then hands the registered state (every
@@ -56,7 +57,8 @@ def continue_without(world, dead: list[int]) -> str:
     if not survivors:
         world.broken = f"{ranks_str(dead)} died and no rank is left"
         return "No rank is left: run %dist_restart."
-    infos = wait_all(world, [world.client[ri.eid].apply_async(_worker.shrink)
+    pids = [ri.pid for ri in world.ranks if ri.rank in dead]
+    infos = wait_all(world, [world.client[ri.eid].apply_async(_worker.shrink, pids)
                              for ri in survivors], what="shrinking to the survivors",
                      limit=max(60.0, world.timeout))
     old = [ri.rank for ri in survivors]

@@ -55,10 +55,13 @@ def _info(comm) -> dict:
             "generation": members.generation if members is not None else 0}
 
 
-def shrink() -> dict:
-    """``commlab.shrink()`` after a rank died (every survivor calls it); rebinds ``rank``,
-    ``world_size`` and ``comm`` in the cell namespace."""
-    comm = commlab.shrink()
+def shrink(dead_pids: list[int]) -> dict:
+    """``commlab.shrink()`` after ranks died (every survivor calls it), unless the cell
+    already did (no member is one of ``dead_pids``); rebinds ``rank``, ``world_size``
+    and ``comm`` in the cell namespace."""
+    comm = commlab.get_communicator()
+    if comm.members is None or set(dead_pids) & set(comm.members.pids):
+        comm = commlab.shrink()
     _rebind(comm)
     return _info(comm)
 

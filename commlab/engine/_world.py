@@ -370,7 +370,8 @@ class World(RankControl):
         while True:
             for el in engine_launchers(self.cluster):
                 proc = el.process
-                if el.pid == pid and getattr(proc, "exit_code", None) is not None:
+                if pid in (el.pid, getattr(proc, "pid", None)) and \
+                        getattr(proc, "exit_code", None) is not None:
                     return proc.exit_code
             if time.monotonic() > deadline:
                 return None
