@@ -8,7 +8,8 @@ Every rank runs ``--steps`` checked all_reduces (step s: rank r gives r + 1 + s)
 RankLostError, shrink and redo that step. ``--grow``: after the shrink the members call
 ``commlab.grow(1)`` and the launcher's replacement (COMMLAB_JOIN=1) is admitted and
 takes the step count from rank 0. ``--hang``: every rank waits in a loop for a signal
-(the launcher's forwarded SIGTERM) and notes it. Each worker writes OUT/<pid>.json.
+(the launcher's forwarded SIGTERM) and notes it. ``--pace S``: sleep S between steps.
+Each worker writes OUT/<pid>.started after init and OUT/<pid>.json at the end.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ def main() -> None:
     p.add_argument("--at", type=int, default=2)
     p.add_argument("--grow", action="store_true")
     p.add_argument("--hang", action="store_true")
+    p.add_argument("--pace", type=float, default=0.0, help="seconds between steps")
     a = p.parse_args()
     joined = os.environ.get("COMMLAB_JOIN") == "1"
     comm = commlab.init(backend="cpu")
@@ -58,6 +60,7 @@ def main() -> None:
                  "steps": [], "lost": [], "sizes": [], "t_killed": None}
     if a.hang:
         _hang(a.out, rec)
+    open(os.path.join(a.out, f"{os.getpid()}.started"), "w").close()
     step = 0
     if joined:  # the members' step count: rank 0's, through commlab's own broadcast
         step = int(commlab.broadcast(torch.tensor([-1.0]), src=0)[0])
@@ -72,6 +75,7 @@ def main() -> None:
             ok = bool(torch.all(y == w * (w + 1) / 2 + w * step))
             rec["steps"].append([step, w, ok])
             step += 1
+            time.sleep(a.pace)
         except commlab.RankLostError as e:
             rec["lost"].append(e.lost)
             rec["t_lost"] = time.time()
