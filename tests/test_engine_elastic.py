@@ -53,6 +53,20 @@ def test_dist_status_shows_the_generation(ip):
     assert "world of 3 ranks, backend cpu, shm heap, generation 1" in cap.stdout, cap.stdout
 
 
+def test_state_reaches_ranks_that_lack_it_over_commlab_broadcast_and_owners_keep_theirs(ip):
+    from commlab.engine import _worker
+
+    cell(ip, "if rank == 0:\n    handed = {'step': 7, 'w': torch.arange(4.0)}\n"
+             "if rank == 2:\n    handed = 'mine'\n")
+    names = current_world().apply(_worker.hand_over, ["handed"])
+    assert names == [["handed"]] * 3
+    out = cell(ip, "print('got', rank, handed if isinstance(handed, str) else "
+                   "(handed['step'], handed['w'].tolist()))").stdout
+    assert "[rank 0] got 0 (7, [0.0, 1.0, 2.0, 3.0])" in out, out
+    assert "[rank 1] got 1 (7, [0.0, 1.0, 2.0, 3.0])" in out, out
+    assert "[rank 2] got 2 mine" in out, out
+
+
 def test_resize_plus_n_grows_in_place_handing_over_state(ip):
     if not hasattr(commlab, "grow"):
         with pytest.raises(UsageError, match="commlab.grow"):

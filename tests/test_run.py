@@ -122,6 +122,20 @@ def test_sigterm_is_forwarded_to_every_worker_and_none_is_left(tmp_path):
     assert_nothing_left([r["pid"] for r in records])
 
 
+def test_a_launcher_killed_outright_takes_its_workers_with_it(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "commlab.run", "--nproc-per-node", "2",
+                             SCRIPT, str(tmp_path), "--hang"], env={**os.environ, **ENV},
+                            cwd=str(ROOT), stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while len(list(tmp_path.glob("*.json"))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    pids = [json.loads(p.read_text())["pid"] for p in tmp_path.glob("*.json")]
+    assert len(pids) == 2
+    proc.kill()  # our own child, by pid: SIGKILL, no chance to forward anything
+    proc.wait(10)
+    assert_nothing_left(pids)  # PR_SET_PDEATHSIG ended them
+
+
 def test_a_replacement_worker_joins_with_commlab_join(tmp_path):
     if not hasattr(commlab, "grow"):
         pytest.skip("commlab.grow does not exist yet (issue 27 item 3): a replacement "
