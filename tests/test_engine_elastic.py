@@ -89,6 +89,13 @@ def test_resize_plus_n_rejects_a_bad_count(ip):
         magic(ip, "dist_resize", "+x")
 
 
+def test_resize_to_n_after_a_loss_rebuilds_the_world_at_that_size(ip):
+    n = current_world().size
+    magic(ip, "dist_resize", str(n + 1))
+    out = cell(ip, "print('sum', commlab.all_reduce(torch.ones(2)).tolist(), world_size)").stdout
+    assert f"sum [{n + 1.0}, {n + 1.0}] {n + 1}" in out, out
+
+
 def test_stop_after_losses_leaves_no_process_and_no_shared_memory(ip):
     pids = current_world().pids()
     magic(ip, "dist_stop")
