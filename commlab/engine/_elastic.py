@@ -107,7 +107,7 @@ def grow(world, n: int, names: list[str] | None, timeout: float) -> list[str]:
     store = world.store
     joins = [world.client[e].apply_async(
         _worker.join_running, store.addr, store.port, world.requested_backend,
-        world.size + i, world.relay.address, world.timeout, timeout)
+        world.size + i, world.relay.address, world.timeout)
         for i, e in enumerate(new)]
     grows = [world.client[ri.eid].apply_async(_worker.grow, n, timeout) for ri in members]
     infos = wait_all(world, grows + joins, what=f"growing by {n}", limit=timeout + 60)

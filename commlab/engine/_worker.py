@@ -74,8 +74,7 @@ def grow(n: int, timeout: float) -> dict:
 
 
 def join_running(master: str, port: int, backend: str, local_rank: int,
-                 relay: tuple[str, int, str] | None, timeout: float,
-                 join_timeout: float) -> dict:
+                 relay: tuple[str, int, str] | None, timeout: float) -> dict:
     """Join the running world whose store the notebook serves on ``master:port``
     (``commlab.init(join=True)``: admitted by the members' ``commlab.grow``)."""
     for k in ("RANK", "WORLD_SIZE", "COMMLAB_JOIN"):
