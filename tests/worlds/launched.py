@@ -82,7 +82,7 @@ def main() -> None:
             comm = commlab.shrink()
             rec["sizes"].append(comm.world_size)
             if a.grow:
-                comm = commlab.grow(1, timeout=120)  # type: ignore[attr-defined]
+                comm = commlab.grow(1, timeout=120)
                 commlab.broadcast(torch.tensor([float(step)]), src=0)
                 rec["sizes"].append(comm.world_size)
     rec["generation"] = comm.generation
