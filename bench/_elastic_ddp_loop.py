@@ -64,6 +64,16 @@ def _ddp(model: torch.nn.Module, mode: str) -> DDP:
     return ddp
 
 
+def _rewrap(model: torch.nn.Module, opt: torch.optim.Optimizer, mode: str):
+    """A fresh module and optimizer with the same state in a new DDP over the current
+    group (the old DDP's autograd hooks stay on the old parameters)."""
+    fresh = _model()
+    fresh.load_state_dict(model.state_dict())
+    new_opt = torch.optim.SGD(fresh.parameters(), lr=0.01)
+    new_opt.load_state_dict(opt.state_dict())
+    return fresh, new_opt, _ddp(fresh, mode)
+
+
 def _checked() -> float:
     """The first collective after an event: an all_reduce whose result is checked."""
     y = torch.ones(1024)
@@ -136,19 +146,14 @@ def main() -> None:
             rec["t_error"] = time.time()
             comm = commlab.shrink()  # the survivors, renumbered; a new default group
             rec["t_shrunk"] = time.time()
+            model, opt, ddp = _rewrap(model, opt, a.mode)  # broadcasts rank 0's parameters
+            rec["t_ok"] = _checked()
             if a.join:  # the launcher's replacement is admitted; it needs the step count
                 comm = commlab.grow(1, timeout=120)
                 commlab.broadcast(torch.tensor([step], dtype=torch.int32), src=0)
+                model, opt, ddp = _rewrap(model, opt, a.mode)
+                rec["t_ok_grown"] = _checked()
             rank = comm.rank
-            # a fresh module and optimizer with the same state: the old DDP's autograd
-            # hooks stay on the old parameters
-            fresh = _model()
-            fresh.load_state_dict(model.state_dict())
-            opt_state, model = opt.state_dict(), fresh
-            opt = torch.optim.SGD(model.parameters(), lr=0.01)
-            opt.load_state_dict(opt_state)
-            ddp = _ddp(model, a.mode)  # the new group (broadcasts rank 0's parameters)
-            rec["t_ok"] = _checked()
             continue  # the failed step again: no optimizer step was taken
         step_s.append(time.perf_counter() - t0)
         if rec.get("joined") and "t_joined" not in rec:

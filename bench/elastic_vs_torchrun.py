@@ -65,7 +65,8 @@ def run_once(impl: str, ranks: int, steps: int, kill_at: int) -> dict:
             raise RuntimeError(f"{impl} exited {proc.returncode}:\n{proc.stderr[-4000:]}")
         killed = float(Path(out, "killed").read_text())
         recs = [json.loads(p.read_text()) for p in Path(out).glob("[0-9]*.json")]
-    after = [r for r in recs if r["t_ok"] is not None]
+    # the world right after the event: torchrun's new workers, commlab's survivors
+    after = [r for r in recs if r["t_ok"] is not None and not r.get("joined")]
     final = max(r["world_end"] for r in recs)
     # no step lost or repeated: the final world's ranks ran each step once after the event
     seen = sorted({s for r in recs for s, _, _ in r["steps"]})
@@ -79,11 +80,12 @@ def run_once(impl: str, ranks: int, steps: int, kill_at: int) -> dict:
     if impl == "torchrun:restart":
         ev["restarted_s"] = min(r["t_start"] for r in recs) - killed  # new workers begin
     else:
-        survivors = [r for r in after if "t_error" in r]
-        ev["detect_s"] = max(r["t_error"] for r in survivors) - killed
-        ev["shrunk_s"] = max(r["t_shrunk"] for r in survivors) - killed
+        ev["detect_s"] = max(r["t_error"] for r in after) - killed
+        ev["shrunk_s"] = max(r["t_shrunk"] for r in after) - killed
     joined = [r for r in recs if r.get("joined")]
-    if joined:
+    if joined:  # the replacement: started, admitted (grown world's check), first step done
+        ev["newcomer_started_s"] = max(r["t_start"] for r in joined) - killed
+        ev["grown_s"] = max(r["t_ok_grown"] for r in after) - killed
         ev["join_s"] = max(r["t_joined"] for r in joined) - killed
         ev["join_bytes"] = max(r["join_bytes"] for r in joined)
     return ev
@@ -173,9 +175,16 @@ def main() -> None:
                                 "(torchrun: gloo all_reduce; commlab: commlab.all_reduce "
                                 "hook, Triton interpreter)"))
         if any("join_s" in e for e in mine):
+            records.append(_summary(impl, "newcomer_start_to_training",
+                                    [e["join_s"] - e["newcomer_started_s"] for e in mine],
+                                    args.ranks, commit,
+                                    "the replacement's script start (after its module "
+                                    "imports, torch included) to its first step done "
+                                    "(commlab import, init(join=True), grow, DDP's parameter "
+                                    f"broadcast of {mine[0]['join_bytes']} bytes)"))
             records.append(_summary(impl, "sigkill_to_newcomer_training",
                                     [e["join_s"] for e in mine], args.ranks, commit,
-                                    f"bytes handed to the newcomer: {mine[0]['join_bytes']}"))
+                                    "includes the launcher's replacement start"))
     if "commlab:shrink+join" not in impls:
         records.append({"metric": "join", "impl": "commlab:shrink+join",
                         "note": "not measured: commlab.grow does not exist at this commit"})
