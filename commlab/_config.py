@@ -57,6 +57,9 @@ VARS: dict[str, Var] = {v.name: v for v in (
         "seconds within which every waiting rank notices a lost peer (a SIGKILLed rank) and "
         "raises `RankLostError`; then `commlab.shrink()` continues on the survivors",
         "commlab.runtime"),
+    Var("COMMLAB_JOIN", "0", _flag,
+        "`1`: `commlab.init()` joins a running world as `commlab.init(join=True)` "
+        "(`python -m commlab.run` sets it for a replacement worker)", "commlab.runtime"),
     Var("COMMLAB_AGREE_AHEAD", "1", _flag,
         "`0`: every collective call waits for every rank's host before it launches (default: "
         "a repeated identical call of a cached plan launches at once and is checked at the "

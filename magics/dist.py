@@ -201,7 +201,7 @@ class DistMagics(Magics):
         Example::
 
             In [5]: %dist_status
-            world of 2 ranks, backend cpu, shm heap
+            world of 2 ranks, backend cpu, shm heap, generation 0
               rank 0: myhost, engine 0, pid 4242, cpu, alive, 412 MiB
               rank 1: myhost, engine 1, pid 4243, cpu, alive, 409 MiB
 
@@ -244,28 +244,52 @@ class DistMagics(Magics):
         _started(w, t0)
 
     @magic_arguments()
-    @argument("n", type=int, metavar="N", help="the new number of ranks")
+    @argument("n", metavar="N", help="the new number of ranks, or +K to admit K new ranks "
+                                     "into the running world in place")
+    @argument("--state", default=None, metavar="NAMES",
+              help="with +K: rank 0's variables handed to the newcomers (comma-separated; "
+                   "default: its commlab.elastic.State variables)")
+    @argument("--timeout", type=float, default=120.0, metavar="S",
+              help="with +K: seconds the newcomers may take to be admitted")
     @line_magic
     @_usage
     def dist_resize(self, line):
-        """Grow or shrink the world to N ranks without restarting the notebook kernel.
+        """Grow or shrink the world to N ranks, or grow it in place by +K.
 
-        Every surviving rank closes its communicator (``commlab.finalize()``) and joins a
-        new one with the new size, keeping its variables; growing starts new engines
-        (fresh namespaces); shrinking ends the highest ranks. Symmetric tensors from
-        before are gone (the heap is rebuilt); ``rank``, ``world_size``, ``comm`` are
-        updated.
+        ``N``: every surviving rank closes its communicator (``commlab.finalize()``) and
+        joins a new one with the new size, keeping its variables; growing starts new
+        engines (fresh namespaces); shrinking ends the highest ranks. Symmetric tensors
+        from before are gone (the heap is rebuilt).
+
+        ``+K``: K new engines join the running world (``commlab.init(join=True)`` there,
+        ``commlab.grow(K)`` on the members): nothing is rebuilt, symmetric tensors keep
+        their contents, and rank 0's registered state (``--state`` names, default its
+        ``commlab.elastic.State`` variables) reaches the newcomers over commlab's own
+        broadcast. ``rank``, ``world_size``, ``comm`` are updated either way.
 
         Example::
 
             In [8]: %dist_resize 3
             world resized from 2 to 3 ranks in 4.1 s
+
+            In [9]: %dist_resize +1
+            world grew from 3 to 4 ranks in place in 3.2 s (generation 1); handed over: state
         """
         args = parse_argstring(self.dist_resize, line)
         w = _world()
         old, t0 = w.size, time.monotonic()
-        with Progress(f"resizing to {args.n} ranks"):
-            w.resize(args.n)
+        if args.n.startswith("+"):
+            k = _count(args.n[1:], "+K")
+            names = [x for x in args.state.split(",") if x] if args.state else None
+            with Progress(f"admitting {k} new ranks"):
+                handed = w.grow(k, names, args.timeout)
+            print(f"world grew from {old} to {w.size} ranks in place in "
+                  f"{time.monotonic() - t0:.1f} s (generation {w.generation}); handed over: "
+                  f"{', '.join(handed) or 'nothing'}")
+            return
+        n = _count(args.n, "N")
+        with Progress(f"resizing to {n} ranks"):
+            w.resize(n)
         print(f"world resized from {old} to {w.size} ranks in {time.monotonic() - t0:.1f} s")
 
     @magic_arguments()
@@ -307,6 +331,14 @@ class DistMagics(Magics):
         """
         args = parse_argstring(self.dist_pull, line)
         return _world().pull(args.name, rank=args.rank)
+
+
+def _count(text: str, what: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise UsageError(f"%dist_resize: {what} must be a whole number, got {text!r}; e.g. "
+                         f"%dist_resize 4 or %dist_resize +1") from None
 
 
 def _started(w, t0: float) -> None:

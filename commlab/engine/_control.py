@@ -98,8 +98,9 @@ class RankControl:
 
     def status(self) -> str:
         heap = self.ranks[0].heap if self.ranks else ""
+        gen = getattr(self, "generation", 0)  # shrinks and grows so far (membership)
         lines = [f"world of {self.size} ranks, backend {self.backend}"
-                 + (f", {heap} heap" if heap else "")
+                 + (f", {heap} heap" if heap else "") + f", generation {gen}"
                  + (f"  [BROKEN: {self.broken}]" if self.broken else "")]
         if self.ranks and self.ranks[0].shared_gpu:
             lines.append(f"  {self.ranks[0].shared_gpu}")

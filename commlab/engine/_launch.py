@@ -274,7 +274,8 @@ def launcher_pids(cluster) -> list[int]:
     for es in cluster.engines.values():  # mpirun: the engine set is one local process
         if not getattr(es, "launchers", None) and _here(es) and getattr(es, "pid", None):
             pids.append(es.pid)
-    return pids
+    # a launcher whose engines all ended (ranks lost) reports pid -1
+    return [p for p in pids if p > 0]
 
 
 def _here(launcher) -> bool:

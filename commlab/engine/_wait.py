@@ -178,19 +178,63 @@ class CellRun:
         dead = [r for r in sorted(running) if not self.world.rank_alive(self.info[r])]
         if not dead:
             return
-        time.sleep(0.2)  # let the launcher reap them: exit codes
-        codes = [self.world.exit_code(self.pid[r]) if self.world.here(self.info[r]) else None
-                 for r in dead]
-        why = ", ".join(f"rank {r} ({_exit_str(c)})" for r, c in zip(dead, codes, strict=True))
+        if getattr(self.world, "elastic", False):
+            self._continue_without(dead)
+        why = self._why(dead)
         self.world.broken = f"{ranks_str(dead)} died while running a cell"
         others = sorted(running - set(dead))
         self.world.signal(others, signal.SIGINT)
         self._settle(others, INTERRUPT_WAIT_S)
         self.out.pump(set(), final=True)
         raise RankDiedError(
-            f"{why} died while running the cell (pid {', '.join(str(self.pid[r]) for r in dead)})"
-            f"; the other ranks were interrupted. The world is unusable: run %dist_restart "
-            f"(a segfault or an out-of-memory kill ends a rank this way)")
+            f"{why}; the other ranks were interrupted. The world is unusable: run "
+            f"%dist_restart (a segfault or an out-of-memory kill ends a rank this way)")
+
+    def _why(self, dead: list[int]) -> str:
+        time.sleep(0.2)  # let the launcher reap them: exit codes
+        codes = [self.world.exit_code(self.pid[r]) if self.world.here(self.info[r]) else None
+                 for r in dead]
+        why = ", ".join(f"rank {r} ({_exit_str(c)})" for r, c in zip(dead, codes, strict=True))
+        return (f"{why} died while running the cell "
+                f"(pid {', '.join(str(self.pid[r]) for r in dead)})")
+
+    def _continue_without(self, dead: list[int]) -> None:
+        """The survivors' cells run to their end: a collective raises RankLostError within
+        COMMLAB_PEER_TIMEOUT, a cell that catches it and shrinks goes on; ranks that die
+        meanwhile join ``dead``; Ctrl-C is forwarded to the survivors. Then every survivor
+        shrinks (``World.continue_without``) and the cell's error names the dead."""
+        why, gone, checked = self._why(dead), set(dead), time.monotonic()
+        try:
+            while self.running() - gone:
+                self.ar.wait(0.05)
+                self.out.pump(self.running() - gone)
+                self._debugger()
+                if time.monotonic() - checked > 0.25:
+                    checked = time.monotonic()
+                    more = [r for r in sorted(self.running() - gone)
+                            if not self.world.rank_alive(self.info[r])]
+                    if more:
+                        why += f"; then {self._why(more)}"
+                        gone |= set(more)
+        except KeyboardInterrupt:
+            left = sorted(self.running() - gone)
+            sys.stderr.write(f"Ctrl-C forwarded to {ranks_str(left)}\n")
+            self.world.signal(left, signal.SIGINT)
+            if self._settle(left, INTERRUPT_WAIT_S):
+                self.world.kill(sorted(self.running() - gone))
+                self.world.broken = f"{ranks_str(left)} did not respond to an interrupt"
+                raise RankDiedError(f"{why}; {ranks_str(left)} did not stop after Ctrl-C "
+                                    f"and were ended: run %dist_restart") from None
+        self.out.pump(set(), final=True)
+        survivors = sorted(set(self.msg) - gone)
+        lost = [r for r in survivors if self._lost_here(r)]
+        note = f" {ranks_str(lost)} raised RankLostError in the cell." if lost else ""
+        raise RankDiedError(f"{why}.{note} " + self.world.continue_without(sorted(gone)))
+
+    def _lost_here(self, r: int) -> bool:
+        f = self.fut[r]
+        val = (f.exception() or self.md[r].get("error")) if f.done() else None
+        return val is not None and "RankLostError" in getattr(val, "ename", type(val).__name__)
 
     def _check_hang(self, running: set[int], now: float) -> None:
         if self.world.relay.active:

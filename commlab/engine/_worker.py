@@ -22,15 +22,20 @@ from commlab.engine import _cell, _debugger
 
 def join(rank: int, world_size: int, master: str, port: int, backend: str,
          local_rank: int, local_size: int, relay: tuple[str, int, str] | None,
-         timeout: float, device: int | None = None) -> dict:
-    """Become ``rank`` of a world of ``world_size`` whose rank 0 serves the bootstrap
-    store on ``master:port``: environment, debugger hook, then ``commlab.init``. ``device``
+         timeout: float, device: int | None = None, agent_store: bool = False) -> dict:
+    """Become ``rank`` of a world of ``world_size`` whose bootstrap store is served on
+    ``master:port`` (by rank 0, or with ``agent_store`` by the notebook, so any rank may
+    die): environment, debugger hook, then ``commlab.init``. ``device``
     is the GPU given with ``--devices`` (else ``local_rank`` modulo the GPU count). Returns
     what the client shows in ``%dist_status``. Stack dumps and interrupts come through
     the engine's agent (``commlab.engine._proc``), which needs nothing from here."""
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(local_rank),
                       LOCAL_WORLD_SIZE=str(local_size), MASTER_ADDR=master,
                       MASTER_PORT=str(port))
+    if agent_store:
+        os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "true"
+    else:
+        os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
     if device is None:
         os.environ.pop("COMMLAB_DEVICE", None)
     else:
@@ -39,9 +44,86 @@ def join(rank: int, world_size: int, master: str, port: int, backend: str,
         _debugger.install(rank, *relay)
     comm = commlab.init(backend=backend, timeout=timeout)
     _set_user_names(comm)
+    return _info(comm)
+
+
+def _info(comm) -> dict:
+    members = comm.members
     return {"rank": comm.rank, "pid": os.getpid(), "backend": comm.backend,
             "device": str(comm.device), "host": socket.gethostname(),
-            "heap": comm.heap_kind, "shared_gpu": comm.shared_gpu}
+            "heap": comm.heap_kind, "shared_gpu": comm.shared_gpu,
+            "generation": members.generation if members is not None else 0}
+
+
+def shrink(dead_pids: list[int]) -> dict:
+    """``commlab.shrink()`` after ranks died (every survivor calls it), unless the cell
+    already did (no member is one of ``dead_pids``); rebinds ``rank``, ``world_size``
+    and ``comm`` in the cell namespace."""
+    comm = commlab.get_communicator()
+    if comm.members is None or set(dead_pids) & set(comm.members.pids):
+        comm = commlab.shrink()
+    _rebind(comm)
+    return _info(comm)
+
+
+def grow(n: int, timeout: float) -> dict:
+    """``commlab.grow(n)`` on a member while ``n`` new engines ``join_running``."""
+    comm = commlab.grow(n, timeout=timeout)
+    _rebind(comm)
+    return _info(comm)
+
+
+def join_running(master: str, port: int, backend: str, local_rank: int,
+                 relay: tuple[str, int, str] | None, timeout: float) -> dict:
+    """Join the running world whose store the notebook serves on ``master:port``
+    (``commlab.init(join=True)``: admitted by the members' ``commlab.grow``)."""
+    for k in ("RANK", "WORLD_SIZE", "COMMLAB_JOIN"):
+        os.environ.pop(k, None)
+    os.environ.update(LOCAL_RANK=str(local_rank), MASTER_ADDR=master, MASTER_PORT=str(port),
+                      TORCHELASTIC_USE_AGENT_STORE="true")
+    join: dict = {"join": True}  # commlab.init(join=True), issue 27 item 3
+    comm = commlab.init(backend=backend, timeout=timeout, **join)
+    if relay is not None:
+        _debugger.install(comm.rank, *relay)
+    _set_user_names(comm)
+    return _info(comm)
+
+
+def hand_over(names: list[str] | None) -> list[str]:
+    """Rank 0's ``names`` (default: its ``commlab.elastic.State`` variables), pickled as
+    one object graph, to every rank that lacks them, over ``commlab.broadcast`` (int32
+    words); collective. Returns the names."""
+    import pickle
+
+    ns = _shell().user_ns
+    comm = commlab.get_communicator()
+    blob = b""
+    if comm.rank == 0:
+        if names is None:
+            state = getattr(getattr(commlab, "elastic", None), "State", None)
+            names = [k for k, v in ns.items() if state is not None and isinstance(v, state)]
+        blob = pickle.dumps((names, {k: ns[k] for k in names}))
+    size = int(commlab.broadcast(torch.tensor([len(blob)], dtype=torch.int32))[0])
+    words = torch.zeros((size + 3) // 4, dtype=torch.int32)
+    if comm.rank == 0:
+        words.view(torch.uint8)[:size] = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
+    got = commlab.broadcast(words) if size else words
+    names, values = pickle.loads(got.view(torch.uint8)[:size].numpy().tobytes())
+    for k, v in values.items():
+        ns.setdefault(k, v)  # members keep their own objects
+    return names
+
+
+def missing(names: list[str]) -> list[str]:
+    """Which of ``names`` this rank's namespace lacks."""
+    ns = _shell().user_ns
+    return [k for k in names if k not in ns]
+
+
+def _rebind(comm) -> None:
+    ip = _shell()
+    if ip is not None:
+        ip.user_ns.update(comm=comm, rank=comm.rank, world_size=comm.world_size)
 
 
 def where() -> tuple[str, int]:

@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from commlab import _config
-from commlab.engine import _worker
+from commlab.engine import _elastic, _worker
 from commlab.engine._control import RankControl, RankInfo
 from commlab.engine._hub import Agent, Hub
 from commlab.engine._launch import (
@@ -80,6 +80,9 @@ class World(RankControl):
         self.closed = False
         self._log = None
         self.replaced = 0  # size of the world start_world stopped for this one
+        # the local launcher's store, served here so any rank may die (_elastic)
+        self.store: _elastic.NotebookStore | None = None
+        self.generation = 0  # shrinks and grows so far (commlab.runtime.membership)
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self, progress=None) -> World:
@@ -144,18 +147,26 @@ class World(RankControl):
             eids, where = [eids[i] for i in order], [where[i] for i in order]
         hosts = [h for h, _ in where]
         n = len(eids)
-        # rank 0 serves the bootstrap store on its address toward us, which the others reach
-        master = self.agents[eids[0]].addr or "127.0.0.1"
-        port = wait_all(self, [self.client[eids[0]].apply_async(_worker.free_port, master)],
-                        what="choosing the store's port", limit=60)[0]
+        old_store, served = self.store, self.plan.launcher == "local"
+        if served:  # the notebook serves the store: it outlives every rank
+            self.store = _elastic.NotebookStore(self.plan.ip, n)
+            master, port = self.store.addr, self.store.port
+        else:  # rank 0 serves it on its address toward us, which the others reach
+            master = self.agents[eids[0]].addr or "127.0.0.1"
+            port = wait_all(self, [self.client[eids[0]].apply_async(_worker.free_port,
+                                                                    master)],
+                            what="choosing the store's port", limit=60)[0]
         ars = []
         for r, eid in enumerate(eids):
             local = [i for i, h in enumerate(hosts) if h == hosts[r]]
             dev = self.devices[r] if self.devices else None
             ars.append(self.client[eid].apply_async(
                 _worker.join, r, n, master, port, self.requested_backend, local.index(r),
-                len(local), self.relay.address, self.timeout, dev))
+                len(local), self.relay.address, self.timeout, dev, served))
         infos = wait_all(self, ars, what="joining the world", limit=180)
+        if old_store is not None:
+            old_store.close()
+        self.generation = infos[0].get("generation", 0)
         self.ranks = [RankInfo(i["rank"], eid, i["pid"], i["device"], i["host"],
                                i.get("heap", ""), i.get("shared_gpu", ""))
                       for i, eid in zip(infos, eids, strict=True)]
@@ -191,6 +202,8 @@ class World(RankControl):
             self.relay.close()
         if self.hub is not None:
             self.hub.close()  # an engine still running anywhere ends on this EOF
+        if self.store is not None:
+            self.store.close()
         if self.stack_dir:
             shutil.rmtree(self.stack_dir, ignore_errors=True)
             shutil.rmtree(remote_dir(self.stack_dir), ignore_errors=True)
@@ -250,6 +263,24 @@ class World(RankControl):
         self._drop(drop)
         new = self._start_engines(add) if add else []
         self._join([ri.eid for ri in keep] + new)
+
+    @property
+    def elastic(self) -> bool:
+        """Whether a rank's death leaves the survivors a world (the store outlives ranks,
+        and the cpu backend can shrink)."""
+        return self.store is not None and self.backend == "cpu"
+
+    def continue_without(self, dead: list[int]) -> str:
+        """Shrink to every rank but ``dead`` (see ``_elastic``); the sentence to show."""
+        return _elastic.continue_without(self, dead)
+
+    def grow(self, n: int, state: list[str] | None = None, timeout: float = 120.0) -> list[str]:
+        """Admit ``n`` new ranks in place (``commlab.grow``), handing them ``state``
+        (default: rank 0's ``commlab.elastic.State`` variables); returns the names."""
+        names = _elastic.grow(self, n, state, timeout)
+        if _CURRENT is self and _LAST:
+            _LAST["n"] = self.size
+        return names
 
     def _drop(self, ranks: list[RankInfo]) -> None:
         if ranks:
@@ -339,7 +370,8 @@ class World(RankControl):
         while True:
             for el in engine_launchers(self.cluster):
                 proc = el.process
-                if el.pid == pid and getattr(proc, "exit_code", None) is not None:
+                if pid in (el.pid, getattr(proc, "pid", None)) and \
+                        getattr(proc, "exit_code", None) is not None:
                     return proc.exit_code
             if time.monotonic() > deadline:
                 return None

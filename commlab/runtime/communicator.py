@@ -199,8 +199,9 @@ def init(backend: str = "auto", *, heap_size=None, scratch_size=None,
     timeout: seconds a collective waits for missing ranks before raising (default
     COMMLAB_TIMEOUT, else 300). Calling init again returns the same communicator.
     join: enter a running world (its store in the environment; RANK and WORLD_SIZE are
-    ignored): blocks until the members call ``commlab.grow`` (at most ``timeout`` s) and
-    returns the grown world's Communicator; the heap's layout is the world's.
+    ignored; ``COMMLAB_JOIN=1`` means the same): blocks until the members call
+    ``commlab.grow`` (at most ``timeout`` s) and returns the grown world's Communicator;
+    the heap's layout is the world's.
     """
     global _COMM
     if _COMM is not None and not _COMM.closed:
@@ -210,6 +211,7 @@ def init(backend: str = "auto", *, heap_size=None, scratch_size=None,
                 f"{_COMM.backend!r} communicator; call commlab.finalize() first to switch"
             )
         return _COMM
+    join = join or bool(_config.get("COMMLAB_JOIN"))  # python -m commlab.run's replacements
     timeout = float(timeout if timeout is not None else _config.get("COMMLAB_TIMEOUT"))
     if join:
         _COMM = JOIN[0](backend, timeout)

@@ -1,0 +1,5 @@
+import sys
+
+from commlab.run import main
+
+sys.exit(main())

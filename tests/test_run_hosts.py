@@ -1,0 +1,87 @@
+"""``python -m commlab.run`` across 2 simulated hosts (tests/_hosts.py; root), one
+launcher per host: node 0 serves the store on its address and keeps it until node 1's
+launcher is done; cutting host 1's link must leave host 0's ranks training after a
+shrink. Skipped without root or ``ip netns``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests import _hosts
+from tests.test_faults import assert_nothing_left
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = str(ROOT / "tests" / "worlds" / "launched.py")
+PORT = 29411
+ENV = {"COMMLAB_BACKEND": "cpu", "OMP_NUM_THREADS": "1", "COMMLAB_TIMEOUT": "20",
+       "COMMLAB_PEER_TIMEOUT": "1", "PYTHONPATH": str(ROOT)}
+
+
+@pytest.fixture
+def hosts():
+    why = _hosts.unavailable()
+    if why:
+        pytest.skip(why)
+    with _hosts.simulated_hosts(2) as hs:
+        yield hs
+
+
+def _launchers(hosts, out: Path, args: list[str]) -> list[subprocess.Popen]:
+    return [h.popen([sys.executable, "-m", "commlab.run", "--nnodes", "2", "--node-rank",
+                     str(i), "--nproc-per-node", "2", "--master-addr", hosts[0].addr,
+                     "--master-port", str(PORT), SCRIPT, str(out), *args],
+                    env=ENV, cwd=str(ROOT), stderr=open(out / f"node{i}.log", "w"))
+            for i, h in enumerate(hosts)]
+
+
+def _wait(procs, limit: float) -> list[int | None]:
+    deadline = time.monotonic() + limit
+    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return [p.poll() for p in procs]
+
+
+def _logs(out: Path) -> str:
+    return "\n".join(f"--- {p.name} ---\n{p.read_text()[-3000:]}"
+                     for p in sorted(out.glob("node*.log")))
+
+
+def test_one_launcher_per_host_runs_a_world_across_hosts(hosts, tmp_path):
+    procs = _launchers(hosts, tmp_path, ["--steps", "4"])
+    codes = _wait(procs, 240)
+    assert codes == [0, 0], _logs(tmp_path)
+    records = [json.loads(p.read_text()) for p in tmp_path.glob("*.json")]
+    assert sorted(r["start_rank"] for r in records) == [0, 1, 2, 3]
+    assert all(r["steps"] == [[s, 4, True] for s in range(4)] for r in records), records
+    assert f"store {hosts[0].addr}:{PORT} served here" in (tmp_path / "node0.log").read_text()
+    assert_nothing_left([r["pid"] for r in records])
+
+
+@pytest.mark.slow  # ~80 s: it waits out the cross-host agreement's gloo timeout
+@pytest.mark.xfail(strict=True, reason="shrink across hosts is not built yet: "
+                   "runtime/_shrink.py refuses a world across hosts, and membership.py "
+                   "knows a peer only by its pid on this host, so host 0's ranks wait out "
+                   "gloo's 30 s timeout in the cross-host agreement (issue 27 item 5)")
+def test_cutting_one_hosts_link_leaves_the_other_host_training(hosts, tmp_path):
+    procs = _launchers(hosts, tmp_path, ["--steps", "60", "--pace", "0.1"])
+    deadline = time.monotonic() + 180
+    while len(list(tmp_path.glob("*.started"))) < 4 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(1.0)  # a few steps across hosts
+    h1 = hosts[1]
+    subprocess.run(["ip", "-n", h1.netns, "link", "set", h1.ifname, "down"], check=True)
+    codes = _wait(procs, 180)
+    records = [json.loads(p.read_text()) for p in tmp_path.glob("*.json")]
+    host0 = [r for r in records if r["start_rank"] in (0, 1)]
+    assert codes[0] == 0, _logs(tmp_path)
+    assert len(host0) == 2 and all(r["lost"] == [[2, 3]] and r["sizes"] == [2]
+                                   for r in host0), records
+    assert all(all(ok for _, _, ok in r["steps"]) and r["steps"][-1][:2] == [59, 2]
+               for r in host0), records
+    assert codes[1] is not None, "host 1's launcher did not end once cut off"
