@@ -178,3 +178,72 @@ def test_survivors_agree_on_one_membership_when_a_member_dies_before_confirming(
         t.join(30)
     assert out[3] == "died"
     assert out[0] == out[1] == ([0, 1], "shrink/g0/a1"), out
+
+
+def test_a_confirm_still_in_flight_when_its_sender_dies_gets_one_verdict_everywhere(monkeypatch):
+    """Seed 29's hang: rank 3 sends its confirm and dies before the store applies it (a
+    message in flight outlives its sender; /proc shows the death first). Rank 0 looks
+    before the write lands, rank 1 after: both must reach the same verdict (the store
+    decides it), so both end in the same round with the same world."""
+    import threading
+
+    import torch.distributed as dist
+
+    from commlab.runtime import membership
+
+    dead: set = set()
+    monkeypatch.setattr(membership, "alive", lambda pid: pid not in dead)
+    inner = dist.HashStore()
+    pids = tuple(1_000_000 + r for r in range(4))
+    dead.add(pids[2])  # lost before the shrink
+    landed = threading.Event()
+
+    class Store:
+        """The shared store as rank ``rank`` sees it: rank 3's confirm lands 0.2 s after
+        it died; rank 1 first looks for confirms once it landed."""
+
+        def __init__(self, rank):
+            self.rank = rank
+
+        def __getattr__(self, name):
+            return getattr(inner, name)
+
+        def _late(self, key, write):
+            if self.rank == 3 and "/confirm/" in key:
+                dead.add(pids[3])
+                threading.Timer(0.2, lambda: (write(), landed.set())).start()
+                raise Died
+            return write()
+
+        def set(self, key, value):
+            return self._late(key, lambda: inner.set(key, value))
+
+        def compare_set(self, key, expected, desired):
+            return self._late(key, lambda: inner.compare_set(key, expected, desired))
+
+        def check(self, keys):
+            if self.rank == 1 and "/confirm/" in keys[0]:
+                landed.wait(5)
+            return inner.check(keys)
+
+    class Died(Exception):
+        pass
+
+    out: dict = {}
+
+    def member(rank: int) -> None:
+        m = Membership(rank, 4, pids, Store(rank), timeout=5)
+        try:
+            out[rank] = membership.agree(m, lambda decision: None)
+        except Died:
+            out[rank] = "died"
+        except Exception as e:  # noqa: BLE001 - reported by the assert below
+            out[rank] = repr(e)
+
+    threads = [threading.Thread(target=member, args=(r,)) for r in (0, 1, 3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert out[3] == "died"
+    assert out[0] == out[1] == ([0, 1], "shrink/g0/a1"), out

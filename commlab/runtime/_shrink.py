@@ -96,7 +96,8 @@ def _regroup(world, prefix: str, new: Membership, timeout: float) -> dist.Proces
     """torch.distributed's default group again, over the survivors only. Connecting
     blocks in gloo until every member joined (or gloo's timeout), so it runs in a thread
     while this one watches the members: one lost meanwhile raises RankLostError (the
-    thread is left to fail at its timeout; it never sets the default group)."""
+    thread is left to fail at its timeout; it never sets the default group), and so does
+    an error gloo raises for a member that died (``Membership.behind``)."""
     if dist.is_initialized():
         dist.destroy_process_group()
     assert world.store is not None  # agree() needed it
@@ -117,6 +118,7 @@ def _regroup(world, prefix: str, new: Membership, timeout: float) -> dist.Proces
         t.join(0.005)
         if t.is_alive():
             new.check("commlab.shrink (connecting the survivors' group)", "shrink")
-    if "error" in box:
-        raise box["error"]
+    if "error" in box:  # gloo's own error for a member gone meanwhile is RankLostError
+        lost = new.behind(box["error"], "commlab.shrink (connecting the survivors' group)")
+        raise lost or box["error"]
     return box["pg"]
