@@ -27,6 +27,7 @@ import torch.distributed as dist
 from commlab.errors import CommlabUsageError, RankLostError
 from commlab.runtime import communicator as _c
 from commlab.runtime._control import ControlBlock
+from commlab.runtime._kill_points import reach
 from commlab.runtime.heap import FLAGS_BYTES, SIGNAL_PAD_BYTES
 from commlab.runtime.membership import Membership, agree
 
@@ -96,17 +97,25 @@ def _regroup(world, prefix: str, new: Membership, timeout: float) -> dist.Proces
     """torch.distributed's default group again, over the survivors only. Connecting
     blocks in gloo until every member joined (or gloo's timeout), so it runs in a thread
     while this one watches the members: one lost meanwhile raises RankLostError (the
-    thread is left to fail at its timeout; it never sets the default group), and so does
-    an error gloo raises for a member that died (``Membership.behind``)."""
+    thread, on a store connection of its own, is left to fail at its timeout; it never
+    sets the default group), and so does an error gloo raises for a member that died
+    (``Membership.behind``)."""
     if dist.is_initialized():
         dist.destroy_process_group()
     assert world.store is not None  # agree() needed it
+    # a connection of its own: an abandoned connect blocks in a store wait until gloo's
+    # timeout, and on a shared client it would hold up every later shrink's store calls
+    store = world.store.clone()
+    # torch names the default group by a counter that only destroy_process_group resets;
+    # an abandoned connect already took a number, which would make this group's keys
+    # differ between ranks that abandoned one and ranks that did not
+    dist.distributed_c10d._world.group_count = 0
     box: dict = {}
 
     def connect() -> None:
         try:
             dist.init_process_group(
-                "gloo", store=dist.PrefixStore(f"{prefix}/pg", world.store), rank=new.rank,
+                "gloo", store=dist.PrefixStore(f"{prefix}/pg", store), rank=new.rank,
                 world_size=new.world_size, timeout=timedelta(seconds=max(timeout, 30)))
             box["pg"] = dist.group.WORLD
         except BaseException as e:  # noqa: BLE001 - raised by the waiting thread
@@ -114,6 +123,7 @@ def _regroup(world, prefix: str, new: Membership, timeout: float) -> dist.Proces
 
     t = threading.Thread(target=connect, name="commlab-regroup", daemon=True)
     t.start()
+    reach("shrink.regroup")
     while t.is_alive():
         t.join(0.005)
         if t.is_alive():

@@ -42,6 +42,7 @@ import torch.distributed as dist
 
 from commlab import _config
 from commlab.errors import CollectiveTimeoutError, CommlabError, RankLostError
+from commlab.runtime._kill_points import reach
 
 
 def alive(pid: int) -> bool:
@@ -211,6 +212,7 @@ def _round(m: Membership, prefix: str, candidates: list[int],
     same on every survivor)."""
     store = m.store
     assert store is not None
+    reach("shrink.arrive")
     _write(store, f"{prefix}/arrive/{m.rank}", _WROTE)
     arrived = _wait_keys(m, f"{prefix}/arrive", candidates, deadline, "arrive at shrink")
     proposal = ",".join(str(r) for r in arrived if r not in m.lost(now=True))
@@ -219,8 +221,10 @@ def _round(m: Membership, prefix: str, candidates: list[int],
     if m.rank not in decision:
         raise CommlabError(f"commlab.shrink on rank {m.rank}: the survivors decided "
                            f"{_ranks(decision)} without this rank (it was seen dead)")
+    reach("shrink.decided")
     prepare(decision)
     _write(store, f"{prefix}/confirm/{m.rank}", _WROTE)
+    reach("shrink.confirmed")
     return decision, _wait_keys(m, f"{prefix}/confirm", decision, deadline,
                                 "confirm the shrink")
 
