@@ -55,12 +55,13 @@ class Zygote:
             raise RuntimeError(f"Zygote: the zygote failed to start:\n{text}")
 
     def run(self, fn, world_size: int, kwargs: dict | None = None, timeout: float = 60.0,
-            allow_killed: bool = True) -> tuple[list, list[int]]:
-        """``fn(comm, **kwargs)`` on ``world_size`` forked ranks (``commlab.init`` done);
-        returns the results in rank order (``None`` for a rank SIGKILLed when
-        ``allow_killed``) and the ranks' pids. A failed or hung rank raises WorldError
+            allow_killed: bool = True, init: bool = True) -> tuple[list, list[int]]:
+        """``fn(comm, **kwargs)`` on ``world_size`` forked ranks (``commlab.init`` done;
+        ``init=False``: not done, ``comm`` is None, as under torchrun); returns the
+        results in rank order (``None`` for a rank SIGKILLed when ``allow_killed``) and
+        the ranks' pids. A failed or hung rank raises WorldError
         with every failing rank's text (a hung rank's stacks included)."""
-        self._conn.send((fn, world_size, kwargs or {}, timeout))
+        self._conn.send((fn, world_size, kwargs or {}, timeout, init))
         if not self._conn.poll(timeout + 60):
             self.close()
             raise RuntimeError(f"Zygote: no report from the zygote {timeout + 60:g} s into a "
@@ -117,7 +118,8 @@ def _zygote_main(conn, env: dict, preload: tuple[str, ...]) -> None:
         conn.send(_world(conn, *request))
 
 
-def _world(conn, fn, world_size: int, kwargs: dict, timeout: float) -> tuple[list, list]:
+def _world(conn, fn, world_size: int, kwargs: dict, timeout: float,
+           init: bool) -> tuple[list, list]:
     port = free_port()
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -150,7 +152,7 @@ def _world(conn, fn, world_size: int, kwargs: dict, timeout: float) -> tuple[lis
         pid = os.fork()
         if pid == 0:
             os.close(rd)
-            _rank(r, world_size, port, fn, kwargs, wr, (sock, conn, store_w),
+            _rank(r, world_size, port, fn, kwargs, init, wr, (sock, conn, store_w),
                   os.path.join(stacks.name, f"rank{r}.txt"))
         os.close(wr)
         pids.append(pid)
@@ -191,7 +193,7 @@ def _world(conn, fn, world_size: int, kwargs: dict, timeout: float) -> tuple[lis
     return got, pids
 
 
-def _rank(rank: int, world_size: int, port: int, fn, kwargs: dict, out_fd: int,
+def _rank(rank: int, world_size: int, port: int, fn, kwargs: dict, init: bool, out_fd: int,
           inherited: tuple, stack_file: str) -> None:
     """A forked rank: init, ``fn``, its pickled ``(ok, result or traceback)`` to
     ``out_fd``, finalize, exit without the zygote's exit handlers."""
@@ -208,7 +210,8 @@ def _rank(rank: int, world_size: int, port: int, fn, kwargs: dict, out_fd: int,
         import commlab
 
         try:
-            out = (True, pickle.dumps(fn(commlab.init(backend="cpu"), **kwargs)))
+            comm = commlab.init(backend="cpu") if init else None
+            out = (True, pickle.dumps(fn(comm, **kwargs)))
             commlab.finalize()
         except BaseException:
             out = (False, traceback.format_exc())

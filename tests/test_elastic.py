@@ -9,6 +9,7 @@ import os
 import random
 
 import pytest
+import torch
 
 from commlab.runtime._kill_points import JOIN_POINTS, SHRINK_POINTS
 from commlab.runtime.membership import Membership, alive
@@ -16,6 +17,7 @@ from commlab.testing import run_world
 from tests._zygote import Zygote
 from tests.test_faults import assert_nothing_left
 from tests.worlds.elastic import elastic_rounds_world, store_rank_dies_world
+from tests.worlds.elastic_ddp import ddp_shrink_world
 
 PEER_TIMEOUT = 1.0  # the default
 ENV = {"COMMLAB_TIMEOUT": "60", "COMMLAB_PEER_TIMEOUT": str(PEER_TIMEOUT)}
@@ -32,7 +34,9 @@ SHRINK_DEATHS = (*SHRINK_POINTS, "timer", *JOIN_POINTS)
 @pytest.fixture(scope="module")
 def zygote():
     """One process that imported commlab; the fault runs' worlds are forked from it."""
-    with Zygote(env=FAST_ENV, preload=("tests.worlds.elastic",)) as z:
+    # torch._dynamo: DDP imports it (~900 modules, 3-14 s here) at its first construction
+    with Zygote(env=FAST_ENV, preload=("tests.worlds.elastic", "tests.worlds.elastic_ddp",
+                                       "torch._dynamo")) as z:
         yield z
 
 
@@ -116,6 +120,33 @@ def test_a_rank_dying_at_each_point_of_the_shrink_leaves_one_agreed_smaller_worl
     plan[0]["second_at"] = point
     print("plan", plan)
     run_plan(plan, 4, seed, str(tmp_path), zygote)
+
+
+def test_ddp_on_the_commlab_backend_goes_on_after_shrink_with_correct_gradients(
+        zygote, tmp_path):
+    """4 ranks train with DDP on dist.init_process_group("commlab"); rank 2 is SIGKILLed;
+    the survivors' backward fails naming it, commlab.shrink() remakes torch's default
+    group over 3 ranks, DDP wrapped again continues, every step's gradients equal the
+    mean over the live members computed locally; the group DDP held before is retired
+    with a message; nothing is left."""
+    res, pids = zygote.run(ddp_shrink_world, 4, kwargs={"note_dir": str(tmp_path),
+                           "victim": 2, "kill_step": 3, "steps": 6}, timeout=60, init=False)
+    assert res[2] is None
+    survivors = [r for r in res if r is not None]
+    for new_rank, r in enumerate(survivors):
+        assert len(r["errors"]) == 1, r["errors"]
+        err = r["errors"][0]
+        assert "rank 2 of 4 was lost" in err["text"] and "commlab.shrink()" in err["text"], err
+        assert r["after"] == {"rank": new_rank, "world": 3, "comm_rank": new_rank}, r["after"]
+        assert "retired by commlab.shrink()" in r["retired"], r["retired"]
+        assert "DistributedDataParallel again" in r["retired"]
+        assert r["members"] == [0, 1, 3]
+        assert [s["world"] for s in r["steps"]] == [4, 4, 4, 3, 3, 3], r["steps"]
+        assert all(s["ok"] for s in r["steps"]), r["steps"]
+    for r in survivors[1:]:  # the survivors stay in step
+        for a, b in zip(r["params"], survivors[0]["params"], strict=True):
+            assert torch.equal(a, b)
+    assert_nothing_left(pids)
 
 
 def test_rank_0_serving_the_store_dies_and_shrink_refuses_clearly_without_hanging(tmp_path):

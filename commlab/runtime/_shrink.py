@@ -12,13 +12,16 @@ after all its programs stopped). Then, without another exchange:
 - a new agreement block over the same shared memory, numbered 0..W'-1;
 - a new ``context`` for kernels, no cached launch plans;
 - torch.distributed's default group, which cannot outlive a member, is destroyed and made
-  again over the survivors under a fresh store prefix (the round's: never used before).
+  again over the survivors under a fresh store prefix (the round's: never used before):
+  commlab's own gloo group, or, where torch.distributed runs on the "commlab" backend,
+  that backend's group (``set_torch_regroup``; its old groups are retired).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import threading
+from collections.abc import Callable
 from datetime import timedelta
 
 import torch
@@ -30,6 +33,18 @@ from commlab.runtime._control import ControlBlock
 from commlab.runtime._kill_points import reach
 from commlab.runtime.heap import FLAGS_BYTES, SIGNAL_PAD_BYTES
 from commlab.runtime.membership import Membership, agree
+
+# The "commlab" torch.distributed backend (a higher layer) registers how its default group
+# is made again over the survivors: ``owns()`` says whether the default group is its own;
+# ``regroup(store, rank, size, timeout)`` retires its old groups (main thread) and returns
+# ``connect()``, run in the watched thread, which makes the new default group and returns
+# the Communicator's (group, cpu_group).
+_TORCH_REGROUP: list = [None]
+
+
+def set_torch_regroup(owns: Callable[[], bool], regroup: Callable) -> None:
+    """Register the torch backend's regroup (see ``_TORCH_REGROUP``)."""
+    _TORCH_REGROUP[0] = (owns, regroup)
 
 
 def shrink() -> _c.Communicator:
@@ -45,15 +60,16 @@ def shrink() -> _c.Communicator:
                                 "kernels need an abort word); use the cpu backend")
     world = old._world
     assert world is not None
-    if not world.owns_pg:
-        raise CommlabUsageError(
-            "commlab.shrink: torch.distributed was started outside commlab.init, and its "
-            "default group cannot outlive a member; let commlab.init start it")
-    if dist.is_initialized() and str(dist.get_backend()) != "gloo":
+    torch_backend = (_TORCH_REGROUP[0] is not None and dist.is_initialized()
+                     and _TORCH_REGROUP[0][0]())
+    if not torch_backend and not (world.owns_pg and dist.is_initialized()
+                                  and str(dist.get_backend()) == "gloo"):
         raise CommlabUsageError(
             f"commlab.shrink: torch.distributed's default group runs on "
-            f"{dist.get_backend()!r}, which shrink cannot rebuild yet (only commlab's own "
-            f"gloo group); start the world without COMMLAB_TORCH_BACKEND=commlab")
+            f"{dist.get_backend() if dist.is_initialized() else 'nothing'!r} and was not "
+            f"made by commlab, so shrink cannot make it again over the survivors; start "
+            f"torch.distributed on the 'commlab' backend (dist.init_process_group('commlab')) "
+            f"or let commlab.init start it")
     heap = old.heap
     lay = heap.layout
 
@@ -69,7 +85,7 @@ def shrink() -> _c.Communicator:
         new = members.shrunk(keep)
         bases = [bases[r] for r in keep]
         try:
-            group = _regroup(world, prefix, new, control.timeout)
+            group, cpu_group = _regroup(world, prefix, new, control.timeout, torch_backend)
             break
         except RankLostError:
             members = new
@@ -82,8 +98,9 @@ def shrink() -> _c.Communicator:
                         heap.bases[rank] + lay.flags] + heap.bases + [records_addr],
                        dtype=torch.int64, device=old.device)
     world = dataclasses.replace(world, rank=rank, world_size=size, group=group,
-                                cpu_group=group, store_rank=new.store_rank)
-    comm = _c.Communicator(rank, size, old.backend, old.device, ctx, heap, block, group, group,
+                                cpu_group=cpu_group, store_rank=new.store_rank)
+    comm = _c.Communicator(rank, size, old.backend, old.device, ctx, heap, block, group,
+                           cpu_group,
                            old.local_rank, world, old._keep, wait_records=old.wait_records,
                            members=new)
     old.closed = True  # retired: its heap and mappings live on in ``comm``
@@ -93,19 +110,25 @@ def shrink() -> _c.Communicator:
     return comm
 
 
-def _regroup(world, prefix: str, new: Membership, timeout: float) -> dist.ProcessGroup:
-    """torch.distributed's default group again, over the survivors only. Connecting
+def _regroup(world, prefix: str, new: Membership, timeout: float,
+             torch_backend: bool) -> tuple[dist.ProcessGroup, dist.ProcessGroup]:
+    """torch.distributed's default group again, over the survivors only (commlab's gloo
+    group, or the torch backend's: ``torch_backend``); returns the Communicator's group
+    and cpu_group. Connecting
     blocks in gloo until every member joined (or gloo's timeout), so it runs in a thread
     while this one watches the members: one lost meanwhile raises RankLostError (the
     thread, on a store connection of its own, is left to fail at its timeout; it never
     sets the default group), and so does an error gloo raises for a member that died
     (``Membership.behind``)."""
-    if dist.is_initialized():
-        dist.destroy_process_group()
     assert world.store is not None  # agree() needed it
     # a connection of its own: an abandoned connect blocks in a store wait until gloo's
     # timeout, and on a shared client it would hold up every later shrink's store calls
-    store = world.store.clone()
+    store = dist.PrefixStore(f"{prefix}/pg", world.store.clone())
+    limit = timedelta(seconds=max(timeout, 30))
+    if torch_backend:
+        make = _TORCH_REGROUP[0][1](store, new.rank, new.world_size, limit)
+    if dist.is_initialized():
+        dist.destroy_process_group()
     # torch names the default group by a counter that only destroy_process_group resets;
     # an abandoned connect already took a number, which would make this group's keys
     # differ between ranks that abandoned one and ranks that did not
@@ -114,10 +137,12 @@ def _regroup(world, prefix: str, new: Membership, timeout: float) -> dist.Proces
 
     def connect() -> None:
         try:
-            dist.init_process_group(
-                "gloo", store=dist.PrefixStore(f"{prefix}/pg", store), rank=new.rank,
-                world_size=new.world_size, timeout=timedelta(seconds=max(timeout, 30)))
-            box["pg"] = dist.group.WORLD
+            if torch_backend:
+                box["pg"] = make()
+                return
+            dist.init_process_group("gloo", store=store, rank=new.rank,
+                                    world_size=new.world_size, timeout=limit)
+            box["pg"] = (dist.group.WORLD, dist.group.WORLD)
         except BaseException as e:  # noqa: BLE001 - raised by the waiting thread
             box["error"] = e
 
