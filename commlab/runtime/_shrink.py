@@ -5,7 +5,8 @@ survivors (the same set everywhere); before confirming, each survivor zeroes wha
 in the new world (its signal pad and collective flags; new rank 0 also the agreement
 block), so once every survivor confirmed, nobody's stale flag or published call is left
 (every survivor's kernels had ended before it arrived: an interpreted launch raises only
-after all its programs stopped). Then, without another exchange:
+after all its programs stopped; on a GPU shrink sets the abort word, waits for the
+device, and clears the word once the pad is zeroed). Then, without another exchange:
 
 - the heap stays as it is (every mapping, the arena, every symmetric tensor with its
   contents and offset); its ``rank`` and ``bases`` become the survivors' (old order);
@@ -29,6 +30,7 @@ import torch.distributed as dist
 
 from commlab.errors import CommlabUsageError, RankLostError
 from commlab.runtime import communicator as _c
+from commlab.runtime import wait_records
 from commlab.runtime._control import ControlBlock
 from commlab.runtime._kill_points import reach
 from commlab.runtime.heap import FLAGS_BYTES, SIGNAL_PAD_BYTES
@@ -55,9 +57,6 @@ def shrink() -> _c.Communicator:
     if old.across is not None or not isinstance(control, ControlBlock) or members is None:
         raise CommlabUsageError("commlab.shrink: a world across hosts cannot shrink yet; "
                                 "restart it with the hosts that remain")
-    if old.backend != "cpu":
-        raise CommlabUsageError("commlab.shrink: the cuda backend cannot shrink yet (its "
-                                "kernels need an abort word); use the cpu backend")
     world = old._world
     assert world is not None
     torch_backend = (_TORCH_REGROUP[0] is not None and dist.is_initialized()
@@ -72,10 +71,17 @@ def shrink() -> _c.Communicator:
             f"or let commlab.init start it")
     heap = old.heap
     lay = heap.layout
+    # GPU: every kernel of this rank gives up its spin and ends before it arrives
+    wait_records.abort(old.wait_records)
+    old._device_sync()
+    if old.abort_watch is not None:
+        old.abort_watch.stop()
 
     def prepare(decision: list[int]) -> None:
         assert members is not None  # checked above; rebound to each round's members
         heap.region(lay.signal_pad, SIGNAL_PAD_BYTES + FLAGS_BYTES, torch.uint8).zero_()
+        old._device_sync()
+        wait_records.clear_abort(old.wait_records)  # our kernels have ended
         if decision.index(members.rank) == 0:
             control.buf[: len(control.buf)] = bytes(len(control.buf))
 
