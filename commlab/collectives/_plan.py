@@ -20,6 +20,7 @@ import torch
 
 from commlab import _config
 from commlab.collectives._common import traced
+from commlab.runtime import records as _records
 from commlab.runtime._control import Signature
 
 
@@ -46,7 +47,7 @@ def fast_call(comm, key: tuple, x) -> torch.Tensor | None:
         return None
     comm.control.agree(plan.sig, plan.raw, ahead=True)
     out = plan.make_out(x)
-    with traced(plan.sig.op, plan.nbytes, plan.algorithm, comm.device):
+    with traced(plan.sig.op, plan.nbytes, plan.algorithm, comm.device, x, comm):
         _launch(plan, x, out)
     return out
 
@@ -56,6 +57,7 @@ def _launch(plan: Plan, x: torch.Tensor, out: torch.Tensor) -> None:
         plan.slow(x, out)  # no single kernel, or not the alignment it was built for
     else:
         plan.compiled[plan.grid](x, out, *plan.tail)  # type: ignore[index]
+        _records.launched()  # a plan's one launch is an SM kernel: it writes a record
 
 
 def _drain(comm, plan: Plan, shape, dtype) -> None:

@@ -155,6 +155,15 @@ class ControlBlock:
     def set_checked(self, n: int) -> None:
         _SEQ.pack_into(self.buf, self._state(self.rank), n)
 
+    def set_note(self, value: int) -> None:
+        """A word peers read after this rank's next published call (online selection:
+        rank 0's decision). Written before the publish, so a peer that saw the call sees
+        it; the next note comes dozens of calls later, after every peer read this one."""
+        _SEQ.pack_into(self.buf, self._state(self.rank) + 8, value)
+
+    def note(self, rank: int) -> int:
+        return _SEQ.unpack_from(self.buf, self._state(rank) + 8)[0]
+
     def _published(self, rank: int) -> int:
         return max(_HDR.unpack_from(self.buf, self._slot(rank, s))[0] for s in range(RING))
 
