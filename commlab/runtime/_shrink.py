@@ -61,8 +61,11 @@ def shrink() -> _c.Communicator:
     assert world is not None
     torch_backend = (_TORCH_REGROUP[0] is not None and dist.is_initialized()
                      and _TORCH_REGROUP[0][0]())
-    if not torch_backend and not (world.owns_pg and dist.is_initialized()
-                                  and str(dist.get_backend()) == "gloo"):
+    # commlab's own gloo group (or none now: a grow or shrink destroyed it and then met
+    # a lost rank while connecting the next)
+    own_gloo = world.owns_pg and (not dist.is_initialized()
+                                  or str(dist.get_backend()) == "gloo")
+    if not torch_backend and not own_gloo:
         raise CommlabUsageError(
             f"commlab.shrink: torch.distributed's default group runs on "
             f"{dist.get_backend() if dist.is_initialized() else 'nothing'!r} and was not "
