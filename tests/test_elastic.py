@@ -1,7 +1,9 @@
 """Ranks that die: every survivor raises RankLostError naming them within
 COMMLAB_PEER_TIMEOUT, commlab.shrink() continues on the survivors (renumbered in their old
 order, symmetric tensors kept), and nothing is left behind. Ranks are SIGKILLed at random
-points of a loop of random collectives (agreement, kernels, ahead calls, shrinks)."""
+points of a loop of random collectives (a timer, the agreement, inside a kernel) and at
+each named point of a shrink; most worlds are forked from one process (``zygote``) so that
+the 30 seeded fault runs fit in CI (~50 s here)."""
 
 from __future__ import annotations
 
