@@ -92,6 +92,11 @@ VARS: dict[str, Var] = {v.name: v for v in (
         "`0`: collective kernels write no call records (entry, arrival, end per rank; "
         "read at `import commlab`); online selection and the straggler view need them",
         "commlab.language"),
+    Var("COMMLAB_GPU_ABORT", "0", _flag,
+        "`1`: GPU spins (`cl.wait(.., ctx)`, `cl.barrier`, the collectives') look at the "
+        "host's abort word every 1024 spins and return when a rank is lost (read at "
+        "`import commlab`; off until `bench/checks/gpu_elastic_abort.py` passes on a GPU)",
+        "commlab.language"),
     Var("COMMLAB_ADAPT", "1", _flag,
         "`0`: `algorithm=\"auto\"` follows the tuning table (or the defaults) alone, "
         "deterministically (default: it also measures every call and adapts online)",

@@ -39,6 +39,9 @@ INTERPRET = tl.constexpr(_interpreter.interpreting())
 MAX_WORLD = tl.constexpr(_heap.MAX_WORLD)  # signal-pad row width, from the heap layout
 CTX_BASES = tl.constexpr(4)  # ctx[4 + r] = base of rank r's heap
 WAIT_SLOTS = tl.constexpr(_wait_records.SLOTS)  # programs with a wait record (GPU)
+ABORT_WORD = tl.constexpr(_wait_records.ABORT)  # the host's abort word in the records
+CHECK_EVERY = tl.constexpr(_wait_records.CHECK_EVERY)  # spins between two looks at it
+ABORT_CHECK = tl.constexpr(_config.get("COMMLAB_GPU_ABORT"))  # GPU spins look at it at all
 RECORDS = tl.constexpr(_config.get("COMMLAB_RECORDS"))  # call records on (read at import)
 _REC_OFFSET = tl.constexpr(_heap.RECORD_OFFSET)  # bytes from the flag area to the records
 _REC_RING = tl.constexpr(_heap.RECORD_RING)
@@ -111,8 +114,12 @@ def wait(ptr, value, ctx=None):
     ``ctx`` (optional; commlab's own kernels pass it): on a GPU, a wait whose first look
     fails records (flag address, value) in its program's slot of the wait records, host
     memory the hang report reads while the kernel spins, and clears it when satisfied:
-    two stores before the spin, one after, none on a wait satisfied at once. On the CPU
-    backend every wait is seen by the host anyway (``commlab._interpreter.blocked``)."""
+    two stores before the spin, one after, none on a wait satisfied at once. The spin
+    also loads the host's abort word every CHECK_EVERY spins and gives up once it is set
+    (a rank was lost: the host raises RankLostError; what the kernel computed is void),
+    when ``COMMLAB_GPU_ABORT=1`` (off by default until checked on a GPU).
+    Without ``ctx`` a GPU wait has no way out. On the CPU backend every wait is seen by
+    the host anyway (``commlab._interpreter.blocked``)."""
     if INTERPRET:
         _host_wait_begin(ptr, value)
         while tl.atomic_add(ptr, 0, sem="acquire", scope="sys") < value:
@@ -125,10 +132,43 @@ def wait(ptr, value, ctx=None):
             slot, ok = _wait_slot(ctx)
             tl.store(slot + 1, tl.cast(value, tl.int64), mask=ok, cache_modifier=".wt")
             tl.store(slot, ptr.to(tl.int64, bitcast=True), mask=ok, cache_modifier=".wt")
-            while tl.atomic_add(ptr, 0, sem="acquire", scope="sys") < value:
-                pass
+            if ABORT_CHECK:
+                abort = _abort_word(ctx)
+                go = tl.atomic_add(ptr, 0, sem="acquire", scope="sys") < value
+                spins = 0
+                while go:
+                    spins += 1
+                    go = tl.atomic_add(ptr, 0, sem="acquire", scope="sys") < value
+                    if spins % CHECK_EVERY == 0:
+                        go = go & (tl.load(abort, volatile=True) == 0)
+            else:
+                while tl.atomic_add(ptr, 0, sem="acquire", scope="sys") < value:
+                    pass
             tl.store(slot, tl.cast(0, tl.int64), mask=ok, cache_modifier=".wt")
     tl.debug_barrier()  # no thread reads before the acquire completed
+
+
+@triton.jit
+def _abort_word(ctx):
+    """The host's abort word (int64, pinned host memory) after the wait records, whose
+    address is ctx[CTX_BASES + world] (GPU only: non-zero there)."""
+    world = tl.load(ctx + 1)
+    recs = tl.load(ctx + CTX_BASES + world)
+    return recs.to(tl.pointer_type(tl.int64)) + ABORT_WORD
+
+
+@triton.jit
+def _spin_cas(ptr, cmp, val, abort, SEM: tl.constexpr):
+    """Compiled code only: CAS ``ptr`` from ``cmp`` to ``val`` until it succeeds, or the
+    abort word (looked at every CHECK_EVERY tries) is set."""
+    go = tl.atomic_cas(ptr, cmp, val, sem=SEM, scope="sys") != cmp
+    spins = 0
+    while go:
+        spins += 1
+        go = tl.atomic_cas(ptr, cmp, val, sem=SEM, scope="sys") != cmp
+        if ABORT_CHECK:
+            if spins % CHECK_EVERY == 0:
+                go = go & (tl.load(abort, volatile=True) == 0)
 
 
 @triton.jit
@@ -168,14 +208,18 @@ def barrier(ctx):
     for i in range(1, world):
         peer = (me + i) % world
         remote = symm_at(row + me, peer, ctx)
-        while tl.atomic_cas(remote, 0, 1, sem="release", scope="sys") != 0:
-            if INTERPRET:
+        if INTERPRET:
+            while tl.atomic_cas(remote, 0, 1, sem="release", scope="sys") != 0:
                 _host_yield(remote, 0)
+        else:  # gives up when the host sets the abort word (a rank was lost)
+            _spin_cas(remote, 0, 1, _abort_word(ctx), "release")
     for i in range(1, world):
         peer = (me + i) % world
-        while tl.atomic_cas(row + peer, 1, 0, sem="acquire", scope="sys") != 1:
-            if INTERPRET:
+        if INTERPRET:
+            while tl.atomic_cas(row + peer, 1, 0, sem="acquire", scope="sys") != 1:
                 _host_yield(row + peer, 1)
+        else:
+            _spin_cas(row + peer, 1, 0, _abort_word(ctx), "acquire")
     tl.debug_barrier()
 
 

@@ -80,7 +80,7 @@ def ag_push_kernel(
 
 @triton.jit
 def _ag_tile(
-    a_src, b_src, out, gathered_src, flags_ptr, ws_ptr, cnt_ptr, trace_ptr,
+    a_src, b_src, out, gathered_src, flags_ptr, ctx, ws_ptr, cnt_ptr, trace_ptr,
     tile, row, j, k_lo, k_hi, landed, me, world, tiles_per_chunk,
     ROWS, N, K, stride_bk, stride_bn, epoch, TAIL, SPLIT,
     SEGMENT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
@@ -97,7 +97,7 @@ def _ag_tile(
 
     # --- wait: the chunk's rows have landed (once per chunk per program) --------------
     if chunk > landed:
-        cl.wait(flags_ptr + src, epoch)
+        cl.wait(flags_ptr + src, epoch, ctx)  # ctx: a lost rank aborts it
         landed = chunk
     if TRACE:
         stamp(trace_ptr, row, 1, tile, TRACE)
@@ -154,7 +154,7 @@ def ag_gemm_kernel(
     KI = (K + BK - 1) // BK
     landed = pid * 0  # chunks (in our order) this program has seen land
     for t in tl.range(pid, DP_TILES, nprog):
-        landed = _ag_tile(a_src, b_src, out, gathered_src, flags_ptr, ws_ptr, cnt_ptr,
+        landed = _ag_tile(a_src, b_src, out, gathered_src, flags_ptr, ctx, ws_ptr, cnt_ptr,
                           trace_ptr, t, t, t, 0, KI, landed, me, world, tiles_per_chunk,
                           ROWS, N, K, stride_bk, stride_bn, epoch, TILES - DP_TILES, SPLIT,
                           False, BM, BN, BK, GROUP_M, EVEN_K, USE_TMA, B_TRANS, OUT_TMA,
@@ -163,7 +163,7 @@ def ag_gemm_kernel(
     # as the loop above)
     j, k_lo, k_hi, n = tail_part(TILES - DP_TILES, KI, SPLIT)
     for _ in range(0, n):
-        landed = _ag_tile(a_src, b_src, out, gathered_src, flags_ptr, ws_ptr, cnt_ptr,
+        landed = _ag_tile(a_src, b_src, out, gathered_src, flags_ptr, ctx, ws_ptr, cnt_ptr,
                           trace_ptr, DP_TILES + j, TILES + pid, j, k_lo, k_hi, landed, me,
                           world, tiles_per_chunk, ROWS, N, K, stride_bk, stride_bn, epoch,
                           TILES - DP_TILES, SPLIT, True, BM, BN, BK, GROUP_M, EVEN_K,

@@ -88,7 +88,7 @@ def _add_partials(acc, inbox, me, world, pid_m, pid_n, ROWS, N, BM: tl.constexpr
 
 @triton.jit
 def _rs_tile(
-    a_src, b_src, out, inbox, flags_ptr, ws_ptr, cnt_ptr, trace_ptr,
+    a_src, b_src, out, inbox, flags_ptr, ctx, ws_ptr, cnt_ptr, trace_ptr,
     tile, row, tid, j, k_lo, k_hi, ready, me, world, dst,
     ROWS, N, K, stride_bk, stride_bn, epoch, PIECE_TILES, TAIL, SPLIT,
     SEGMENT: tl.constexpr, OWN: tl.constexpr, MAXP: tl.constexpr, OUT_TMA: tl.constexpr,
@@ -117,7 +117,7 @@ def _rs_tile(
             piece = pid_m // PIECE_TILES
             if piece > ready:
                 for i in range(1, world):
-                    cl.wait(flags_ptr + ((me + i) % world) * MAXP + piece, epoch)
+                    cl.wait(flags_ptr + ((me + i) % world) * MAXP + piece, epoch, ctx)
                 ready = piece
             if TRACE:
                 stamp(trace_ptr, row, 2, tid, TRACE)
@@ -172,7 +172,7 @@ def gemm_rs_kernel(
     base = chunk_idx * TRACE_ROWS  # this launch's trace rows
     ready = pid * 0 - 1  # OWN: pieces 0..ready of every peer's partial have landed
     for tile in tl.range(pid, DP_TILES, nprog):
-        ready = _rs_tile(a_src, b_src, out, inbox, flags_ptr, ws_ptr, cnt_ptr, trace_ptr,
+        ready = _rs_tile(a_src, b_src, out, inbox, flags_ptr, ctx, ws_ptr, cnt_ptr, trace_ptr,
                          tile, base + tile, chunk_idx * tiles + tile, tile, 0, KI, ready,
                          me, world, dst, ROWS, N, K, stride_bk, stride_bn, epoch, PIECE_TILES,
                          tiles - DP_TILES, SPLIT, False, OWN, MAXP, OUT_TMA, IN_TMA,
@@ -181,7 +181,7 @@ def gemm_rs_kernel(
     # as the loop above)
     j, k_lo, k_hi, n = tail_part(tiles - DP_TILES, KI, SPLIT)
     for _ in range(0, n):
-        ready = _rs_tile(a_src, b_src, out, inbox, flags_ptr, ws_ptr, cnt_ptr, trace_ptr,
+        ready = _rs_tile(a_src, b_src, out, inbox, flags_ptr, ctx, ws_ptr, cnt_ptr, trace_ptr,
                          DP_TILES + j, base + tiles + pid, chunk_idx * tiles + DP_TILES + j,
                          j, k_lo, k_hi, ready, me, world, dst, ROWS, N, K, stride_bk,
                          stride_bn, epoch, PIECE_TILES, tiles - DP_TILES, SPLIT, True, OWN,

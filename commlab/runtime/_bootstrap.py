@@ -240,8 +240,14 @@ def _from_existing(backend: str) -> World:
     dist.broadcast_object_list(obj, src=0, group=cpu_group)
     token = obj[0]
     assert token is not None  # broadcast from rank 0, which set it
+    # the default group's store, for commlab.shrink(): rank 0 serves it unless torchrun's
+    # agent (or another launcher) does
+    store: dist.Store = dist.PrefixStore(f"commlab/torch/{token}",
+                                         dist.distributed_c10d._get_default_store())
+    store = _auth.authenticated(store, f"commlab/torch/{token}")
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
     return World(rank, world_size, local_rank, backend, device, group, cpu_group, token,
-                 False, placement, heap)
+                 False, placement, heap, store, None if agent_store else 0)
 
 
 def gather_placement(local_rank: int | None, group) -> Placement:

@@ -5,20 +5,24 @@ survivors (the same set everywhere); before confirming, each survivor zeroes wha
 in the new world (its signal pad and collective flags; new rank 0 also the agreement
 block), so once every survivor confirmed, nobody's stale flag or published call is left
 (every survivor's kernels had ended before it arrived: an interpreted launch raises only
-after all its programs stopped). Then, without another exchange:
+after all its programs stopped; on a GPU shrink sets the abort word, waits for the
+device, and clears the word once the pad is zeroed). Then, without another exchange:
 
 - the heap stays as it is (every mapping, the arena, every symmetric tensor with its
   contents and offset); its ``rank`` and ``bases`` become the survivors' (old order);
 - a new agreement block over the same shared memory, numbered 0..W'-1;
 - a new ``context`` for kernels, no cached launch plans;
 - torch.distributed's default group, which cannot outlive a member, is destroyed and made
-  again over the survivors under a fresh store prefix (the round's: never used before).
+  again over the survivors under a fresh store prefix (the round's: never used before):
+  commlab's own gloo group, or, where torch.distributed runs on the "commlab" backend,
+  that backend's group (``set_torch_regroup``; its old groups are retired).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import threading
+from collections.abc import Callable
 from datetime import timedelta
 
 import torch
@@ -26,9 +30,23 @@ import torch.distributed as dist
 
 from commlab.errors import CommlabUsageError, RankLostError
 from commlab.runtime import communicator as _c
+from commlab.runtime import wait_records
 from commlab.runtime._control import ControlBlock
+from commlab.runtime._kill_points import reach
 from commlab.runtime.heap import FLAGS_BYTES, SIGNAL_PAD_BYTES
 from commlab.runtime.membership import Membership, agree
+
+# The "commlab" torch.distributed backend (a higher layer) registers how its default group
+# is made again over the survivors: ``owns()`` says whether the default group is its own;
+# ``regroup(store, rank, size, timeout)`` retires its old groups (main thread) and returns
+# ``connect()``, run in the watched thread, which makes the new default group and returns
+# the Communicator's (group, cpu_group).
+_TORCH_REGROUP: list = [None]
+
+
+def set_torch_regroup(owns: Callable[[], bool], regroup: Callable) -> None:
+    """Register the torch backend's regroup (see ``_TORCH_REGROUP``)."""
+    _TORCH_REGROUP[0] = (owns, regroup)
 
 
 def shrink() -> _c.Communicator:
@@ -39,26 +57,34 @@ def shrink() -> _c.Communicator:
     if old.across is not None or not isinstance(control, ControlBlock) or members is None:
         raise CommlabUsageError("commlab.shrink: a world across hosts cannot shrink yet; "
                                 "restart it with the hosts that remain")
-    if old.backend != "cpu":
-        raise CommlabUsageError("commlab.shrink: the cuda backend cannot shrink yet (its "
-                                "kernels need an abort word); use the cpu backend")
     world = old._world
     assert world is not None
-    if not world.owns_pg:
-        raise CommlabUsageError(
-            "commlab.shrink: torch.distributed was started outside commlab.init, and its "
-            "default group cannot outlive a member; let commlab.init start it")
-    if dist.is_initialized() and str(dist.get_backend()) != "gloo":
+    torch_backend = (_TORCH_REGROUP[0] is not None and dist.is_initialized()
+                     and _TORCH_REGROUP[0][0]())
+    # commlab's own gloo group (or none now: a grow or shrink destroyed it and then met
+    # a lost rank while connecting the next)
+    own_gloo = world.owns_pg and (not dist.is_initialized()
+                                  or str(dist.get_backend()) == "gloo")
+    if not torch_backend and not own_gloo:
         raise CommlabUsageError(
             f"commlab.shrink: torch.distributed's default group runs on "
-            f"{dist.get_backend()!r}, which shrink cannot rebuild yet (only commlab's own "
-            f"gloo group); start the world without COMMLAB_TORCH_BACKEND=commlab")
+            f"{dist.get_backend() if dist.is_initialized() else 'nothing'!r} and was not "
+            f"made by commlab, so shrink cannot make it again over the survivors; start "
+            f"torch.distributed on the 'commlab' backend (dist.init_process_group('commlab')) "
+            f"or let commlab.init start it")
     heap = old.heap
     lay = heap.layout
+    # GPU: every kernel of this rank gives up its spin and ends before it arrives
+    wait_records.abort(old.wait_records)
+    old._device_sync()
+    if old.abort_watch is not None:
+        old.abort_watch.stop()
 
     def prepare(decision: list[int]) -> None:
         assert members is not None  # checked above; rebound to each round's members
         heap.region(lay.signal_pad, SIGNAL_PAD_BYTES + FLAGS_BYTES, torch.uint8).zero_()
+        old._device_sync()
+        wait_records.clear_abort(old.wait_records)  # our kernels have ended
         if decision.index(members.rank) == 0:
             control.buf[: len(control.buf)] = bytes(len(control.buf))
 
@@ -68,7 +94,7 @@ def shrink() -> _c.Communicator:
         new = members.shrunk(keep)
         bases = [bases[r] for r in keep]
         try:
-            group = _regroup(world, prefix, new, control.timeout)
+            group, cpu_group = _regroup(world, prefix, new, control.timeout, torch_backend)
             break
         except RankLostError:
             members = new
@@ -81,8 +107,9 @@ def shrink() -> _c.Communicator:
                         heap.bases[rank] + lay.flags] + heap.bases + [records_addr],
                        dtype=torch.int64, device=old.device)
     world = dataclasses.replace(world, rank=rank, world_size=size, group=group,
-                                cpu_group=group, store_rank=new.store_rank)
-    comm = _c.Communicator(rank, size, old.backend, old.device, ctx, heap, block, group, group,
+                                cpu_group=cpu_group, store_rank=new.store_rank)
+    comm = _c.Communicator(rank, size, old.backend, old.device, ctx, heap, block, group,
+                           cpu_group,
                            old.local_rank, world, old._keep, wait_records=old.wait_records,
                            members=new)
     old.closed = True  # retired: its heap and mappings live on in ``comm``
@@ -92,31 +119,50 @@ def shrink() -> _c.Communicator:
     return comm
 
 
-def _regroup(world, prefix: str, new: Membership, timeout: float) -> dist.ProcessGroup:
-    """torch.distributed's default group again, over the survivors only. Connecting
+def _regroup(world, prefix: str, new: Membership, timeout: float,
+             torch_backend: bool) -> tuple[dist.ProcessGroup, dist.ProcessGroup]:
+    """torch.distributed's default group again, over the survivors only (commlab's gloo
+    group, or the torch backend's: ``torch_backend``); returns the Communicator's group
+    and cpu_group. Connecting
     blocks in gloo until every member joined (or gloo's timeout), so it runs in a thread
     while this one watches the members: one lost meanwhile raises RankLostError (the
-    thread is left to fail at its timeout; it never sets the default group)."""
+    thread, on a store connection of its own, is left to fail at its timeout; it never
+    sets the default group), and so does an error gloo raises for a member that died
+    (``Membership.behind``)."""
+    assert world.store is not None  # agree() needed it
+    # a connection of its own: an abandoned connect blocks in a store wait until gloo's
+    # timeout, and on a shared client it would hold up every later shrink's store calls
+    store = dist.PrefixStore(f"{prefix}/pg", world.store.clone())
+    limit = timedelta(seconds=max(timeout, 30))
+    if torch_backend:
+        make = _TORCH_REGROUP[0][1](store, new.rank, new.world_size, limit)
     if dist.is_initialized():
         dist.destroy_process_group()
-    assert world.store is not None  # agree() needed it
+    # torch names the default group by a counter that only destroy_process_group resets;
+    # an abandoned connect already took a number, which would make this group's keys
+    # differ between ranks that abandoned one and ranks that did not
+    dist.distributed_c10d._world.group_count = 0
     box: dict = {}
 
     def connect() -> None:
         try:
-            dist.init_process_group(
-                "gloo", store=dist.PrefixStore(f"{prefix}/pg", world.store), rank=new.rank,
-                world_size=new.world_size, timeout=timedelta(seconds=max(timeout, 30)))
-            box["pg"] = dist.group.WORLD
+            if torch_backend:
+                box["pg"] = make()
+                return
+            dist.init_process_group("gloo", store=store, rank=new.rank,
+                                    world_size=new.world_size, timeout=limit)
+            box["pg"] = (dist.group.WORLD, dist.group.WORLD)
         except BaseException as e:  # noqa: BLE001 - raised by the waiting thread
             box["error"] = e
 
     t = threading.Thread(target=connect, name="commlab-regroup", daemon=True)
     t.start()
+    reach("shrink.regroup")
     while t.is_alive():
         t.join(0.005)
         if t.is_alive():
             new.check("commlab.shrink (connecting the survivors' group)", "shrink")
-    if "error" in box:
-        raise box["error"]
+    if "error" in box:  # gloo's own error for a member gone meanwhile is RankLostError
+        lost = new.behind(box["error"], "commlab.shrink (connecting the survivors' group)")
+        raise lost or box["error"]
     return box["pg"]

@@ -21,6 +21,7 @@ from commlab.errors import (
     HeapFullError,
 )
 from commlab.runtime import _heaps, _publish, wait_records
+from commlab.runtime._abort import AbortWatch
 from commlab.runtime._bootstrap import World, bootstrap
 from commlab.runtime._control import ControlBlock, Signature
 from commlab.runtime._cross import HostsAgreement
@@ -69,6 +70,7 @@ class Communicator:
     _local: Communicator | None = field(default=None, repr=False)  # across hosts only
     across: HostGroups | None = field(default=None, repr=False)  # across hosts only
     wait_records: torch.Tensor | None = field(default=None, repr=False)  # GPU: wait_records
+    abort_watch: AbortWatch | None = field(default=None, repr=False)  # GPU: sets its abort
     members: Membership | None = field(default=None, repr=False)  # who is alive (one host)
     records: Any = field(default=None, repr=False)  # runtime.records.Book, made at first use
 
@@ -126,6 +128,10 @@ class Communicator:
         agreement (a mismatch found there raises the RankMismatchError every rank raises)."""
         self.control.settle()
         self._device_sync()
+        if wait_records.aborted(self.wait_records) and self.members is not None:
+            lost = self.members.lost(now=True)  # a kernel gave up: its result is void
+            if lost:
+                raise self.members.error(lost, "synchronize")
 
     def _device_sync(self) -> None:
         if self.backend == "cuda":
@@ -166,6 +172,8 @@ class Communicator:
         self.heap.closed = True
         if self.backend == "cpu" and self.across is None:
             liveness.set_watch(None)
+        if self.abort_watch is not None:
+            self.abort_watch.stop()
         self.plans.clear()
         self.control.ahead.drains.clear()
         self._keep.clear()
@@ -274,14 +282,18 @@ def _one_host(world: World, layout: HeapLayout, timeout: float) -> Communicator:
         world.rank, world.world_size, pids, world.store, world.store_rank, timeout=timeout)
     if world.backend == "cpu":
         bounds.set_heap_size(layout.size)
-        watch_kernels(comm)
+    watch_kernels(comm)
     return comm
 
 
 def watch_kernels(comm: Communicator) -> None:
-    """Interpreted kernels' waits of this process check ``comm``'s members and timeout."""
+    """This process's kernels notice a lost member of ``comm``: interpreted kernels'
+    waits check the members and the timeout; on a GPU a thread sets the abort word."""
     control = comm.control
     assert comm.members is not None and isinstance(control, ControlBlock)
+    if comm.backend == "cuda":
+        comm.abort_watch = AbortWatch(comm.members, comm.wait_records)
+        return
     liveness.set_watch(peer_watch(comm.members, control.timeout,
                                   lambda: (control._inside[1] or "", control.seq)))
 

@@ -20,11 +20,16 @@ the shrink says so). A round over candidates ``M`` (the old members): each survi
 arrived members still alive and ``compare_set``s the proposal into ``decision`` (the first
 proposal wins: every survivor adopts the same set). Each member of the decision prepares
 (zeroes what it owns) and writes ``confirm/r``; once every member confirmed, the round
-holds. A member that died before confirming fails the round on *every* survivor alike: a
-rank seen dead has its key read once more (the dead write nothing after they die), so
-"confirmed" and "dead without confirming" are the same verdict everywhere. A failed round
-runs again over the decision, under new keys. A member that confirmed and then died is
-in the new world and is lost there: the next collective raises, and shrink runs again.
+holds. A member that died before confirming fails the round on *every* survivor alike:
+``/proc`` is not ordered with the store (a dying member's last write can still be in
+flight when its death shows, and land later), so a survivor that sees a member dead
+without its key does not decide alone: it ``compare_set``s the key to ``dead``, and the
+member writes its own keys with ``compare_set`` too. Whichever write the store applies
+first is the key's one value, read alike by every survivor: "confirmed" and "dead without
+confirming" are the same verdict everywhere. A failed round runs again over the members
+that confirmed (the same set everywhere), under new keys. A member that confirmed and
+then died is in the new world and is lost there: the next collective raises, and shrink
+runs again.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ import torch.distributed as dist
 
 from commlab import _config
 from commlab.errors import CollectiveTimeoutError, CommlabError, RankLostError
+from commlab.runtime._kill_points import reach
 
 
 def alive(pid: int) -> bool:
@@ -193,7 +199,7 @@ def agree(m: Membership, prepare: Callable[[list[int]], None]) -> tuple[list[int
     for attempt in range(m.world_size):
         prefix = f"shrink/g{m.generation}/a{attempt}"
         try:
-            decision = _round(m, prefix, candidates, prepare, deadline)
+            decision, confirmed = _round(m, prefix, candidates, prepare, deadline)
         except (RuntimeError, OSError) as e:  # the store's connection: its server is gone
             if isinstance(e, CommlabError):
                 raise
@@ -201,18 +207,22 @@ def agree(m: Membership, prepare: Callable[[list[int]], None]) -> tuple[list[int
                 f"commlab.shrink on rank {m.rank}: the world's store stopped answering ({e}); "
                 f"the process that served it is gone. Start ranks that may die with a store "
                 f"that outlives them (TORCHELASTIC_USE_AGENT_STORE=true)") from None
-        if decision is not None:
+        if confirmed == decision:
             return decision, prefix
-        candidates = [r for r in candidates if r not in m._dead]
+        candidates = confirmed
     raise CommlabError(f"commlab.shrink on rank {m.rank}: no agreement after "
                        f"{m.world_size} rounds")
 
 
 def _round(m: Membership, prefix: str, candidates: list[int],
-           prepare: Callable[[list[int]], None], deadline: float) -> list[int] | None:
+           prepare: Callable[[list[int]], None],
+           deadline: float) -> tuple[list[int], list[int]]:
+    """One round: the decision and those of its members that confirmed it (both the
+    same on every survivor)."""
     store = m.store
     assert store is not None
-    store.set(f"{prefix}/arrive/{m.rank}", "1")
+    reach("shrink.arrive")
+    _write(store, f"{prefix}/arrive/{m.rank}", _WROTE)
     arrived = _wait_keys(m, f"{prefix}/arrive", candidates, deadline, "arrive at shrink")
     proposal = ",".join(str(r) for r in arrived if r not in m.lost(now=True))
     decided = store.compare_set(f"{prefix}/decision", "", proposal).decode()
@@ -220,16 +230,28 @@ def _round(m: Membership, prefix: str, candidates: list[int],
     if m.rank not in decision:
         raise CommlabError(f"commlab.shrink on rank {m.rank}: the survivors decided "
                            f"{_ranks(decision)} without this rank (it was seen dead)")
+    reach("shrink.decided")
     prepare(decision)
-    store.set(f"{prefix}/confirm/{m.rank}", "1")
-    confirmed = _wait_keys(m, f"{prefix}/confirm", decision, deadline, "confirm the shrink")
-    return decision if confirmed == decision else None
+    _write(store, f"{prefix}/confirm/{m.rank}", _WROTE)
+    reach("shrink.confirmed")
+    return decision, _wait_keys(m, f"{prefix}/confirm", decision, deadline,
+                                "confirm the shrink")
+
+
+_WROTE, _DEAD = "1", "dead"
+
+
+def _write(store: dist.Store, key: str, value: str) -> bool:
+    """Set ``key`` unless it holds a value already; whether ``value`` is its value now. A
+    member's own key and a survivor's ``dead`` for it race through here: the store keeps
+    the first (see the module docstring)."""
+    return store.compare_set(key, "", value).decode() == value
 
 
 def _wait_keys(m: Membership, prefix: str, ranks: list[int], deadline: float,
                what: str) -> list[int]:
-    """Wait until each rank in ``ranks`` wrote ``prefix/r`` or died without writing it;
-    returns those that wrote it."""
+    """Wait until each rank in ``ranks`` wrote ``prefix/r`` or died without writing it
+    (the store's verdict: ``_write``); returns those that wrote it."""
     store = m.store
     assert store is not None
     pending, wrote = list(ranks), []
@@ -237,12 +259,13 @@ def _wait_keys(m: Membership, prefix: str, ranks: list[int], deadline: float,
     while pending:
         for r in list(pending):
             key = [f"{prefix}/{r}"]
-            if store.check(key):
-                wrote.append(r)
+            if store.check(key):  # written: by r, or "dead" by a survivor
                 pending.remove(r)
-            elif r in m.lost(now=True):  # dead: its key read once more after is final
+                if store.get(key[0]).decode() == _WROTE:
+                    wrote.append(r)
+            elif r in m.lost(now=True):  # dead: the store says whether its write won
                 pending.remove(r)
-                if store.check(key):
+                if not _write(store, key[0], _DEAD):
                     wrote.append(r)
         if not pending:
             break

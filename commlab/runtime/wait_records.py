@@ -10,6 +10,12 @@ the flag fails, and clears the address when the wait is satisfied; ``read`` (``n
 takes a slot whose address reads the same before and after its value (not torn). Its address
 sits at the end of the context (``commlab.language``'s ``ctx`` layout); 0 on the CPU
 backend, whose waits the interpreter sees directly.
+
+After the slots, one more int64: the *abort word*. The host sets it when it finds a rank
+lost (``abort``); every spin of ``cl.wait(..., ctx)`` and ``cl.barrier`` loads it once
+every ``CHECK_EVERY`` spins (never on a wait satisfied at once) and returns when it is
+set, so no kernel spins forever on a dead peer. ``commlab.shrink()`` clears it once this
+rank's kernels have ended.
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ import numpy as np
 import torch
 
 SLOTS = 1024  # programs with a record; a higher program id waits unrecorded
+ABORT = 2 * SLOTS  # the abort word's index (int64) in the buffer
+CHECK_EVERY = 1024  # spins between two loads of the abort word (a power of two)
 
 
 def allocate(device: torch.device) -> tuple[torch.Tensor | None, int]:
@@ -26,8 +34,24 @@ def allocate(device: torch.device) -> tuple[torch.Tensor | None, int]:
     if device.type != "cuda":
         return None, 0
     with torch.cuda.device(device):  # the rank's own context, not device 0's
-        buf = torch.zeros(2 * SLOTS, dtype=torch.int64, pin_memory=True)
+        buf = torch.zeros(2 * SLOTS + 1, dtype=torch.int64, pin_memory=True)
     return buf, buf.data_ptr()
+
+
+def abort(buf: torch.Tensor | None) -> None:
+    """Make this rank's spinning kernels return (host memory: safe while they run)."""
+    if buf is not None:
+        buf.numpy()[ABORT] = 1
+
+
+def clear_abort(buf: torch.Tensor | None) -> None:
+    """Let spins wait again (only once this rank's kernels have ended)."""
+    if buf is not None:
+        buf.numpy()[ABORT] = 0
+
+
+def aborted(buf: torch.Tensor | None) -> bool:
+    return buf is not None and bool(buf.numpy()[ABORT])
 
 
 def now(comm) -> list[dict]:
@@ -41,7 +65,7 @@ def read(buf: torch.Tensor | None) -> list[dict]:
     (no ``holds``: the flag is in device memory, which the host does not read)."""
     if buf is None:
         return []
-    a = buf.numpy()  # host memory: no CUDA call, safe while a kernel runs
+    a = buf.numpy()[:ABORT]  # host memory: no CUDA call, safe while a kernel runs
     out = []
     for pid in np.flatnonzero(a[0::2]).tolist():
         addr = int(a[2 * pid])

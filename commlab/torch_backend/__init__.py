@@ -31,10 +31,13 @@ def register() -> None:
     if NAME.upper() in dist.Backend._plugins:
         return
     from commlab.runtime import set_group_source
+    from commlab.runtime._shrink import set_torch_regroup
+    from commlab.torch_backend import _regroup
     from commlab.torch_backend._world import group_source
 
     dist.Backend.register_backend(NAME, _create, extended_api=True, devices=["cpu", "cuda"])
     set_group_source(group_source)
+    set_torch_regroup(_regroup.owns_default, _regroup.regroup)
 
 
 def __getattr__(name):

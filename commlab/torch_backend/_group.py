@@ -38,6 +38,10 @@ def _traced(event: str, inputs=lambda args: args[0]):
 
         @functools.wraps(method)
         def wrapper(self, *args, **kwargs):
+            if self.retired:
+                from commlab.errors import CommlabUsageError
+
+                raise CommlabUsageError(f"dist.{name}: {self.retired}")
             before = getattr(_CALL, "call", None)
             _CALL.call = (name, event, inputs, args)
             try:
@@ -78,6 +82,7 @@ class CommlabProcessGroup(dist.ProcessGroup):
         self._name = ""
         self._desc = ""
         self._comm = None
+        self.retired = ""  # why every call raises: commlab.shrink() made a new group
         # commlab's all-reduce algorithm for this group's all_reduce calls ("auto",
         # "one_shot", "two_shot", "ring"); set it on every rank, between calls
         self.all_reduce_algorithm = "auto"
@@ -362,6 +367,11 @@ class CommlabProcessGroup(dist.ProcessGroup):
 
     def abort(self) -> None:
         self.shutdown()
+
+    def retire(self, why: str) -> None:
+        """Every later call raises CommlabUsageError(``why``); the Communicator lives on
+        (``commlab.shrink()`` carries it over to the survivors' group)."""
+        self.retired, self._comm, self.is_default = why, None, False
 
 
 def _default_timeout() -> float:

@@ -14,6 +14,8 @@ import triton
 
 import commlab
 import commlab.language as cl
+from commlab._interpreter import host
+from commlab.runtime import _kill_points
 
 
 def _note(note_dir: str, name: str, value) -> None:
@@ -31,6 +33,12 @@ def _die(note_dir: str, rank: int) -> None:
 def _die_after(note_dir: str, rank: int, delay: float) -> None:
     t = threading.Thread(target=lambda: (time.sleep(delay), _die(note_dir, rank)), daemon=True)
     t.start()
+
+
+def _die_in_next_kernel(note_dir: str, rank: int) -> None:
+    """SIGKILL this rank at its next poll inside a kernel's wait (mid-kernel: it may have
+    signalled some peers and not others)."""
+    host.set_wait_observer(lambda kind, addr, want: kind == "poll" and _die(note_dir, rank))
 
 
 def _step(rng: random.Random, i: int, world: int, rank: int) -> None:
@@ -59,10 +67,12 @@ def elastic_rounds_world(comm, plan: list[dict], seed: int, note_dir: str) -> di
     """Rounds of: every rank loops random collectives (the same on every rank), one rank
     dies, the survivors catch RankLostError, shrink and check the smaller world. Each
     round of ``plan`` names ranks by their ``init`` rank: ``victim`` dies ``when`` =
-    "timer" (a thread SIGKILLs it ``delay`` s into the loop: anywhere, kernels included)
-    or "before" (at call ``int(delay * 100)``: peers wait in the agreement or an ahead
-    kernel); ``second`` (>= 0) dies ``delay / 10`` s into its shrink (before, during or
-    after the survivors agree: they shrink again when it is still a member)."""
+    "timer" (a thread SIGKILLs it ``delay`` s into the loop: anywhere), "agreement"
+    (before call ``call``: peers wait in the agreement or an ahead kernel) or "kernel"
+    (at its first poll inside a kernel from call ``call`` on); ``second`` (>= 0) dies
+    in its shrink, at ``second_at``: a point of ``_kill_points.SHRINK_POINTS`` or
+    "timer" (``delay / 10`` s in: before, during or after the survivors agree; they
+    shrink again when it is still a member)."""
     me = comm.rank  # the init rank names this process in the plan
     _note(note_dir, f"pid{me}", os.getpid())
     kept = commlab.symmetric_zeros((257,))
@@ -73,13 +83,16 @@ def elastic_rounds_world(comm, plan: list[dict], seed: int, note_dir: str) -> di
         comm = commlab.get_communicator()
         rank, world = comm.rank, comm.world_size
         commlab.barrier()
-        if me == rnd["victim"] and rnd["when"] == "timer":
+        when = rnd["when"] if me == rnd["victim"] else None
+        if when == "timer":
             _die_after(note_dir, me, rnd["delay"])
         errors, i = [], 0
         try:
             while True:
-                if me == rnd["victim"] and rnd["when"] == "before" and i == int(rnd["delay"] * 100):
+                if when == "agreement" and i == rnd["call"]:
                     _die(note_dir, me)
+                if when == "kernel" and i == rnd["call"]:
+                    _die_in_next_kernel(note_dir, me)
                 _step(rng, i, world, rank)
                 i += 1
         except commlab.RankLostError as e:
@@ -87,8 +100,10 @@ def elastic_rounds_world(comm, plan: list[dict], seed: int, note_dir: str) -> di
             errors.append(_origin(e.lost))
             text = str(e)
         second = rnd.get("second", -1)
-        if me == second:
+        if me == second and rnd.get("second_at", "timer") == "timer":
             _die_after(note_dir, me, rnd["delay"] / 10)
+        elif me == second:
+            _kill_points.arm(rnd["second_at"], lambda: _die(note_dir, me))
         shrinks = 0
         while True:
             try:
