@@ -36,6 +36,9 @@ import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+# the check is of the abort word, which kernels compile in only when asked (read at import;
+# spawned ranks inherit it)
+os.environ.setdefault("COMMLAB_GPU_ABORT", "1")
 
 import torch  # noqa: E402
 import triton  # noqa: E402
