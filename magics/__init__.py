@@ -4,7 +4,7 @@ This folder (``magics/`` beside ``commlab/``) installs as ``commlab.magics``
 (setuptools ``package-dir`` in pyproject.toml). Imported only by
 ``commlab.load_ipython_extension``: ranks never import IPython's magic machinery.
 The world magics live in ``commlab.magics.dist``; other modules (``observe``,
-``bench``) add theirs through a ``register(ipython)`` function. They use only the
+``bench``, ``watch``) add theirs through a ``register(ipython)`` function. They use only the
 public surface of ``commlab.engine``, ``commlab.topology``, ``commlab.bench`` and
 ``commlab.widgets``.
 """
@@ -15,12 +15,13 @@ from __future__ import annotations
 def load_ipython_extension(ipython) -> None:
     from commlab.errors import install_notebook_tracebacks
 
-    from . import bench, observe
+    from . import bench, observe, watch
     from .dist import DistMagics
 
     ipython.register_magics(DistMagics)
     observe.register(ipython)  # %topology, %linkbench
     bench.register(ipython)  # %commbench
+    watch.register(ipython)  # %dist_watch
     install_notebook_tracebacks(ipython)  # commlab's errors: the user's frames + the message
     _warm_up_plotly()
 
@@ -43,4 +44,7 @@ def unload_ipython_extension(ipython) -> None:
     """Stop the running world (its processes end); the magics stay defined."""
     from commlab.engine import stop_world
 
+    from . import watch
+
+    watch.stop()
     stop_world()

@@ -96,6 +96,19 @@ class RankControl:
             waits[r] = list((reply or {}).get("waits") or [])
         return stacks, waits
 
+    def call_records(self, seen: int = 0, limit: int = 512, timeout: float = 2.0) -> dict:
+        """Rank 0's call records after the first ``seen`` (every rank's entries and ends:
+        its book reads all the rings), through its agent, so it answers while a cell
+        runs: {"seen": total collected, "records": [CallRecord.to_dict()], "off"/"error"
+        when there are none to give}."""
+        _, agents = self._agents([0])
+        if not agents:
+            return {"seen": seen, "records": [], "error": "rank 0 has no agent"}
+        reply = self.hub.ask(agents, "records", timeout=timeout, seen=int(seen),
+                             limit=int(limit))[0]
+        return reply if reply is not None else {"seen": seen, "records": [],
+                                                "error": "rank 0 did not answer in time"}
+
     def status(self) -> str:
         heap = self.ranks[0].heap if self.ranks else ""
         gen = getattr(self, "generation", 0)  # shrinks and grows so far (membership)

@@ -13,6 +13,7 @@ its requests in JSON lines, never pickle:
                   {"id": 4, "op": "signal", "sig": 2}  SIGINT: KeyboardInterrupt in main
                   {"id": 5, "op": "info"}              host, pid, rss
                   {"id": 6, "op": "exit"}              end this process now
+                  {"id": 7, "op": "records", "seen": 0} call records (%dist_watch)
     rank -> hub   {"id": 3, "stacks": "...", "waits": [...]}, {"id": 4, "ok": true}, ...
 
 When the connection ends (the notebook died, or its host is unreachable: TCP keepalive)
@@ -140,6 +141,18 @@ def _rss() -> int:
         return 0
 
 
+def _records(seen: int, limit: int) -> dict:
+    """New call records (``commlab.engine._worker.watch_records``) once the engine joined
+    a world; any failure is an error reply: the agent must outlive it."""
+    worker = sys.modules.get("commlab.engine._worker")
+    if worker is None:
+        return {"seen": 0, "records": [], "off": "this engine has not joined a world"}
+    try:
+        return worker.watch_records(seen, limit)
+    except Exception as e:
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
 def answer(msg: dict) -> dict:
     """One hub request -> its reply (without the id)."""
     op = msg.get("op")
@@ -154,6 +167,8 @@ def answer(msg: dict) -> dict:
         return {"ok": True}
     if op == "info":
         return {"host": socket.gethostname(), "pid": os.getpid(), "rss": _rss()}
+    if op == "records":
+        return _records(int(msg.get("seen", 0)), int(msg.get("limit", 512)))
     if op == "exit":
         os._exit(int(msg.get("code", 1)))
     return {"error": f"unknown op {op!r}"}

@@ -148,6 +148,21 @@ def current_waits() -> list[dict]:
     return blocked_waits(ip.user_ns if ip is not None else None)
 
 
+def watch_records(seen: int, limit: int = 512) -> dict:
+    """The call records this rank collected after the first ``seen`` (JSON-able dicts),
+    for ``%dist_watch``; the engine's agent calls it from its thread while a cell runs."""
+    from commlab.runtime import communicator, records
+
+    comm = communicator._COMM
+    book = records.book(comm) if comm is not None and not comm.closed else None
+    if book is None:
+        why = ("records are off (COMMLAB_RECORDS=0) or the world spans hosts"
+               if comm is not None else "no communicator on this rank")
+        return {"seen": 0, "records": [], "off": why}
+    book.poll()
+    return {"seen": book.seen, "records": [r.to_dict() for r in book.since(seen, limit)]}
+
+
 def _set_user_names(comm) -> None:
     """The names every cell can use without importing: commlab, torch, triton, tl, cl, comm,
     rank, world_size."""

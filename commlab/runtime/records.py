@@ -21,6 +21,7 @@ its event completed (no synchronisation on the call path). From the records of o
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -134,6 +135,8 @@ class Book:
         self.seen = 0  # records collected so far (all time)
         self._snap: tuple | None = None  # GPU: (event, pinned [W, words]) in flight
         self._views: list | None = None
+        self._lock = threading.Lock()  # collect: the caller's thread or a live view's
+        self.wanted = False  # GPU: a live view asked for a collect at the next call
 
     # -- noting ------------------------------------------------------------------------
     def mark(self) -> int:
@@ -153,6 +156,26 @@ class Book:
             self.pending.append((k0, k1, op, algorithm, nbytes, dtype, meta or {}))
             if len(self.pending) > self.KEEP:
                 self.pending.popleft()
+        if self.wanted and not torch.cuda.is_current_stream_capturing():
+            self.wanted = False
+            self.collect()
+
+    def poll(self) -> None:
+        """Collect for a reader in another thread (``%dist_watch`` through the engine's
+        agent): on CPU now; on GPUs at this rank's next call (the thread that makes the
+        calls owns the copies, and a capture must not see them)."""
+        if self.cpu:
+            self.collect()
+        else:
+            self.wanted = True
+
+    def since(self, seen: int, limit: int = 512) -> list[CallRecord]:
+        """The records collected after the first ``seen`` (all time), the newest
+        ``limit`` of them."""
+        with self._lock:
+            done, total = list(self.done), self.seen
+        n = min(total - seen, len(done), limit)
+        return done[len(done) - n:] if n > 0 else []
 
     # -- reading -----------------------------------------------------------------------
     def _peer_views(self) -> list[torch.Tensor]:
@@ -194,6 +217,10 @@ class Book:
     def collect(self) -> list[CallRecord]:
         """The calls whose records every rank has completed since the last collect (never
         waits: on GPUs the records of the copy started at the previous collect)."""
+        with self._lock:
+            return self._collect()
+
+    def _collect(self) -> list[CallRecord]:
         if not self.pending:
             return []
         rings = self._rings()
