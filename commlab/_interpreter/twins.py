@@ -24,6 +24,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 
+import torch
+
 from commlab import _config
 from commlab._interpreter import host, hostmem, memory, programs
 
@@ -72,7 +74,8 @@ def run(twin: Callable[..., object], name: str, names: list[str], grid, args: tu
         named[k] = kwargs[k]
     grid = tuple(grid) + (1,) * (3 - len(grid))
     try:
-        ran = twin(grid, **named) is not False
+        with torch.no_grad():  # a launch moves bytes; autograd never sees it (as a kernel)
+            ran = twin(grid, **named) is not False
     finally:
         hostmem.forget()
     if ran:

@@ -20,9 +20,10 @@ from commlab.runtime import _kill_points
 
 def _note(note_dir: str, name: str, value) -> None:
     path = os.path.join(note_dir, name)
-    with open(path + ".tmp", "w") as f:
+    tmp = f"{path}.{os.getpid()}.tmp"  # several ranks may write the same note at once
+    with open(tmp, "w") as f:
         f.write(str(value))
-    os.replace(path + ".tmp", path)
+    os.replace(tmp, path)
 
 
 def _die(note_dir: str, rank: int) -> None:
