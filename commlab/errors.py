@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 
 from commlab import _config
 
@@ -78,6 +79,19 @@ _OWN_DIRS = tuple(os.path.dirname(os.path.abspath(p)) + os.sep for p in (
 
 _HIDDEN_PACKAGES = tuple(f"site-packages{os.sep}{p}{os.sep}"
                          for p in ("commlab", "ipyparallel", "triton"))
+
+
+def exit_text(code: int | None, unknown: str = "exit status unknown") -> str:
+    """How a process ended, for messages: "killed by SIGKILL", "exit code 3" or ``unknown``
+    (``code`` None: still running or not known)."""
+    if code is None:
+        return unknown
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
 
 
 def is_internal(path: str) -> bool:

@@ -27,6 +27,7 @@ from commlab.engine._report import (
     ranks_str,
     strip_ansi,
 )
+from commlab.errors import exit_text
 from commlab.racecheck import wait_graph, wait_graph_text
 
 GRACE_S = _config.get("COMMLAB_HANG_GRACE")  # %%distributed --grace overrides
@@ -194,7 +195,7 @@ class CellRun:
         time.sleep(0.2)  # let the launcher reap them: exit codes
         codes = [self.world.exit_code(self.pid[r]) if self.world.here(self.info[r]) else None
                  for r in dead]
-        why = ", ".join(f"rank {r} ({_exit_str(c)})" for r, c in zip(dead, codes, strict=True))
+        why = ", ".join(f"rank {r} ({exit_text(c)})" for r, c in zip(dead, codes, strict=True))
         return (f"{why} died while running the cell "
                 f"(pid {', '.join(str(self.pid[r]) for r in dead)})")
 
@@ -349,15 +350,6 @@ class CellRun:
         return res if isinstance(res, list) else [res]
 
 
-def _exit_str(code) -> str:
-    if code is None:
-        return "exit status unknown"
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
 
 
 def wait_all(world, ars, what: str, limit: float) -> list:

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from commlab.errors import exit_text
 from commlab.run._args import RunConfig
 
 _PR_SET_PDEATHSIG = 1
@@ -35,14 +36,7 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
 
 
 def exit_str(code: int | None) -> str:
-    if code is None:
-        return "still running"
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
+    return exit_text(code, "still running")
 
 
 @dataclass
