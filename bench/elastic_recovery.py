@@ -21,24 +21,17 @@ import os
 import platform
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from commlab.bench import git_commit  # noqa: E402
 from tests._zygote import Zygote  # noqa: E402
 from tests.test_elastic import random_plan, run_plan  # noqa: E402
 
 ENV = {"COMMLAB_TIMEOUT": "60", "COMMLAB_PEER_TIMEOUT": "1", "OMP_NUM_THREADS": "1"}
 
-
-def _commit() -> str:
-    try:
-        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"],
-                                       text=True).strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def _summary(metric: str, world: int, values: list[float], note: str) -> dict:
@@ -46,7 +39,7 @@ def _summary(metric: str, world: int, values: list[float], note: str) -> dict:
     return {"metric": metric, "impl": "commlab:shrink", "world_size": world,
             "median_ms": 1000 * statistics.median(values), "p10_ms": 1000 * q[0],
             "p90_ms": 1000 * q[-1], "max_ms": 1000 * max(values), "n": len(values),
-            "device": f"cpu x{os.cpu_count()}", "commit": _commit(),
+            "device": f"cpu x{os.cpu_count()}", "commit": git_commit(),
             "python": platform.python_version(), "note": note}
 
 

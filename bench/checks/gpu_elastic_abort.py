@@ -29,7 +29,6 @@ import json
 import os
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -46,6 +45,7 @@ import triton.language as tl  # noqa: E402
 
 import commlab  # noqa: E402
 import commlab.language as cl  # noqa: E402
+from commlab.bench import git_commit  # noqa: E402
 from commlab.testing import run_world  # noqa: E402
 
 PEER_TIMEOUT = 1.0
@@ -173,13 +173,6 @@ def cost_world(comm, rounds: int, repeats: int) -> dict:
     return out
 
 
-def _commit() -> str:
-    try:
-        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"],
-                                       text=True).strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -198,7 +191,7 @@ def main() -> int:
            "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
            "NVSHMEM_DISABLE_NVLS": "1"}
     record: dict = {"check": "gpu_elastic_abort", "ranks": args.ranks, "backend": args.backend,
-                    "peer_timeout_s": PEER_TIMEOUT, "commit": _commit(), "scenarios": {}}
+                    "peer_timeout_s": PEER_TIMEOUT, "commit": git_commit(), "scenarios": {}}
     bad = []
     for scenario in SCENARIOS:
         with tempfile.TemporaryDirectory() as d:
