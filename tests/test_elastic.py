@@ -203,7 +203,6 @@ def test_survivors_agree_on_one_membership_when_a_member_dies_before_confirming(
     """membership.agree on threads over one store: rank 2 is dead from the start, rank 3
     dies after the decision and before confirming; every survivor ends with [0, 1],
     decided in a second round."""
-    import threading
 
     import torch.distributed as dist
 
@@ -231,13 +230,7 @@ def test_survivors_agree_on_one_membership_when_a_member_dies_before_confirming(
         except Died:
             out[rank] = "died"
 
-    threads = [threading.Thread(target=member, args=(r,)) for r in (0, 1, 3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    assert out[3] == "died"
-    assert out[0] == out[1] == ([0, 1], "shrink/g0/a1"), out
+    _agree_on_threads(member, out)
 
 
 def test_a_confirm_still_in_flight_when_its_sender_dies_gets_one_verdict_everywhere(monkeypatch):
@@ -299,6 +292,15 @@ def test_a_confirm_still_in_flight_when_its_sender_dies_gets_one_verdict_everywh
             out[rank] = "died"
         except Exception as e:  # noqa: BLE001 - reported by the assert below
             out[rank] = repr(e)
+
+    _agree_on_threads(member, out)
+
+
+def _agree_on_threads(member, out: dict) -> None:
+    """Ranks 0, 1 and 3 of a 4-rank membership agree on threads (rank 2 is dead, rank 3
+    dies during the round): rank 3 says so; 0 and 1 both end with [0, 1], agreed in the
+    second round (keys "shrink/g0/a1")."""
+    import threading
 
     threads = [threading.Thread(target=member, args=(r,)) for r in (0, 1, 3)]
     for t in threads:
