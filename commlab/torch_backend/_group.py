@@ -8,6 +8,7 @@ raised before anything runs, like torch's own backends.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 from collections import Counter
@@ -23,6 +24,7 @@ from commlab.torch_backend._reduce import op_name
 from commlab.torch_backend._work import completed
 
 ROUTES: Counter = Counter()  # (route, method) -> calls; route "kernel" or "fallback"
+_NO_EVENT = contextlib.nullcontext()  # no profiler: nothing to name (one C call to ask)
 _CALL = threading.local()  # the call in progress on this thread: (method, event, inputs)
 
 
@@ -45,7 +47,8 @@ def _traced(event: str, inputs=lambda args: args[0]):
             before = getattr(_CALL, "call", None)
             _CALL.call = (name, event, inputs, args)
             try:
-                with call_timeout(self.timeout_s), trace.event_named_outside():
+                with call_timeout(self.timeout_s), \
+                        trace.event_named_outside() if _profile.enabled() else _NO_EVENT:
                     if not trace.is_recording():
                         return method(self, *args, **kwargs)
                     with trace.span(name, kind="dist"):
