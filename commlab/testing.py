@@ -8,8 +8,11 @@
 
     results = run_world(check, world_size=3, args=(1000,))   # one result per rank
 
-Ranks are *spawned* processes (never forked), each with torch.distributed's environment
-set, ``commlab.init(backend)`` done, and ``fn(comm, *args)`` called. ``backend="cuda"``
+Ranks are fresh processes, never forks of the caller, each with torch.distributed's
+environment set, ``commlab.init(backend)`` done, and ``fn(comm, *args)`` called. CPU
+ranks are forked from a server process that imported commlab once (multiprocessing's
+``forkserver``: a rank starts in milliseconds instead of seconds of imports) and get the
+caller's environment and working directory; GPU ranks are spawned. ``backend="cuda"``
 puts rank r on GPU ``r % device_count``, so a world of any size runs on one GPU (the
 ranks share it through the IPC heap). A rank that raises
 makes ``run_world`` raise ``WorldError`` with every rank's traceback; a world that has
@@ -32,8 +35,13 @@ import socket
 import tempfile
 import time
 import traceback
+from contextlib import contextmanager
 
 import torch.multiprocessing as mp
+
+# what the CPU ranks' fork server imports once, before any rank is forked from it
+_PRELOAD = ["commlab", "commlab.testing", "torch.distributed"]
+_SERVER_ENV = {"COMMLAB_BACKEND": "cpu", "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
 
 
 class WorldError(RuntimeError):
@@ -74,10 +82,16 @@ _STACKS: list = []  # a rank's stack-dump file, open for its whole life
 
 
 def _rank_main(rank, world_size, port, backend, fn, args, kwargs, results, env, init=True,
-               stack_file=None):
+               stack_file=None, caller=None):
     if stack_file is not None:  # kept open: faulthandler writes from its signal handler
         _STACKS.append(open(stack_file, "w"))
         faulthandler.register(signal.SIGUSR1, file=_STACKS[-1], all_threads=True)
+    if caller is not None:  # forked from the server: take the caller's environment and cwd
+        caller_env, cwd = caller
+        os.environ.clear()
+        os.environ.update(caller_env)
+        os.environ["TRITON_INTERPRET"] = "1"  # what the server imported commlab under
+        os.chdir(cwd)
     os.environ.update(env)
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
                       LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
@@ -115,10 +129,50 @@ def _parent_store(port: int, world_size: int):
     return store, sock
 
 
+@contextmanager
+def _server_env():
+    """The fork server starts with the caller's environment plus the CPU backend's
+    settings (restored right after: the caller's own environment is not changed)."""
+    saved = {k: os.environ.get(k) for k in _SERVER_ENV}
+    os.environ.update(_SERVER_ENV)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _context(backend: str, start: str):
+    """(multiprocessing context, whether ranks are forked from the CPU fork server)."""
+    if start not in ("auto", "spawn", "forkserver"):
+        raise ValueError(f"run_world: start must be 'auto', 'spawn' or 'forkserver', got "
+                         f"{start!r}")
+    interp = os.environ.get("TRITON_INTERPRET", "1").lower() in ("1", "true", "on", "yes")
+    if start == "auto":
+        start = "forkserver" if backend == "cpu" and interp else "spawn"
+    if start == "spawn":
+        return mp.get_context("spawn"), False
+    if backend != "cpu" or not interp:
+        raise ValueError("run_world: start='forkserver' serves CPU worlds only (the server "
+                         f"imports commlab with Triton's interpreter on); got backend="
+                         f"{backend!r}, TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET')!r}"
+                         "; use start='spawn'")
+    from multiprocessing import forkserver
+
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(_PRELOAD)
+    with _server_env():
+        forkserver.ensure_running()
+    return ctx, True
+
+
 def run_world(fn, world_size: int, args: tuple = (), kwargs: dict | None = None, *,
               backend: str = "cpu", timeout: float = 180.0, env: dict | None = None,
               init: bool = True, store: str = "rank0", allow_killed: bool = False,
-              newcomers: list | None = None) -> list:
+              newcomers: list | None = None, start: str = "auto") -> list:
     """Run ``fn(comm, *args, **kwargs)`` on ``world_size`` fresh ranks; return the results
     in rank order. ``fn`` must be importable (a module-level function). ``init=False``
     skips ``commlab.init`` (``comm`` is None): ``fn`` starts torch.distributed itself, as
@@ -127,8 +181,10 @@ def run_world(fn, world_size: int, args: tuple = (), kwargs: dict | None = None,
     ``allow_killed``: a rank that dies of SIGKILL gives ``None``, not a failure.
     ``newcomers``: ``(fn, kwargs)`` per extra process, started with the ranks, that runs
     ``fn(None, **kwargs)`` without ``init`` (it calls ``commlab.init(join=True)``); their
-    results follow the ranks'."""
-    ctx = mp.get_context("spawn")
+    results follow the ranks'. ``start``: ``"auto"`` forks CPU ranks from the fork server
+    and spawns GPU ranks; ``"spawn"`` always spawns (a rank imports everything itself)."""
+    ctx, forked = _context(backend, start)
+    caller = (dict(os.environ), os.getcwd()) if forked else None
     results = ctx.Queue()
     port = free_port()
     served = None
@@ -145,7 +201,7 @@ def run_world(fn, world_size: int, args: tuple = (), kwargs: dict | None = None,
     procs = [
         ctx.Process(target=_rank_main, daemon=True,
                     args=(r, world_size, port, backend, f, a, kw, results, env or {},
-                          i, stack_files[r]))
+                          i, stack_files[r], caller))
         for r, (f, a, kw, i) in enumerate(specs)
     ]
     for p in procs:

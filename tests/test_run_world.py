@@ -1,0 +1,30 @@
+"""``commlab.testing.run_world``: CPU ranks forked from the fork server see the caller's
+environment and working directory as spawned ranks do."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from commlab.testing import run_world
+from tests.worlds import run_world_env
+
+
+@pytest.mark.parametrize("start", ["auto", "spawn"])
+def test_ranks_see_the_callers_environment_and_directory_at_the_call(start, tmp_path,
+                                                                      monkeypatch):
+    run_world(run_world_env.seen, 2, args=("COMMLAB_TEST_MARK",), start=start)  # server up
+    monkeypatch.setenv("COMMLAB_TEST_MARK", f"set after the first world ({start})")
+    monkeypatch.chdir(tmp_path)
+    out = run_world(run_world_env.seen, 2, args=("COMMLAB_TEST_MARK",), start=start)
+    assert [r["value"] for r in out] == [f"set after the first world ({start})"] * 2
+    assert [r["cwd"] for r in out] == [str(tmp_path)] * 2
+    assert [r["sum"] for r in out] == [[2.0] * 4] * 2 and [r["rank"] for r in out] == [0, 1]
+    forked = {r["ppid"] for r in out} != {os.getpid()}  # the fork server is their parent
+    assert forked == (start == "auto")
+
+
+def test_a_fork_server_for_a_gpu_world_is_refused_with_the_fix():
+    with pytest.raises(ValueError, match="start='spawn'"):
+        run_world(run_world_env.seen, 2, args=("X",), backend="cuda", start="forkserver")
