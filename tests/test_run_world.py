@@ -14,10 +14,10 @@ from tests.worlds import run_world_env
 @pytest.mark.parametrize("start", ["auto", "spawn"])
 def test_ranks_see_the_callers_environment_and_directory_at_the_call(start, tmp_path,
                                                                       monkeypatch):
-    run_world(run_world_env.seen, 2, args=("COMMLAB_TEST_MARK",), start=start)  # server up
-    monkeypatch.setenv("COMMLAB_TEST_MARK", f"set after the first world ({start})")
+    run_world(run_world_env.seen, 2, args=("RUN_WORLD_TEST_MARK",), start=start)  # server up
+    monkeypatch.setenv("RUN_WORLD_TEST_MARK", f"set after the first world ({start})")
     monkeypatch.chdir(tmp_path)
-    out = run_world(run_world_env.seen, 2, args=("COMMLAB_TEST_MARK",), start=start)
+    out = run_world(run_world_env.seen, 2, args=("RUN_WORLD_TEST_MARK",), start=start)
     assert [r["value"] for r in out] == [f"set after the first world ({start})"] * 2
     assert [r["cwd"] for r in out] == [str(tmp_path)] * 2
     assert [r["sum"] for r in out] == [[2.0] * 4] * 2 and [r["rank"] for r in out] == [0, 1]
