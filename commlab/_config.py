@@ -43,12 +43,14 @@ class Var:
     parse: Callable[[str], Any]
     doc: str
     where: str  # the module that reads it
+    at_import: bool = False  # read once, at `import commlab` (a later change is not seen)
 
 
 VARS: dict[str, Var] = {v.name: v for v in (
     Var("COMMLAB_BACKEND", "auto", str.lower,
         "`auto`, `cpu` or `cuda`, read at `import commlab`: `cpu` (or no GPU) turns Triton's "
-        "interpreter on; `commlab.init(backend=...)` must agree with it", "commlab._interpreter"),
+        "interpreter on; `commlab.init(backend=...)` must agree with it", "commlab._interpreter",
+        at_import=True),
     Var("COMMLAB_TIMEOUT", "300", float,
         "seconds a collective waits for the other ranks before `CollectiveTimeoutError` "
         "(`init(timeout=)` overrides; calls through a torch.distributed group made with a "
@@ -87,16 +89,16 @@ VARS: dict[str, Var] = {v.name: v for v in (
         "commlab.runtime"),
     Var("COMMLAB_FAST_LAUNCH", "1", _flag,
         "`0` turns the cached launch plans off (every call goes through `kernel[grid]`)",
-        "commlab.collectives"),
+        "commlab.collectives", at_import=True),
     Var("COMMLAB_RECORDS", "1", _flag,
         "`0`: collective kernels write no call records (entry, arrival, end per rank; "
         "read at `import commlab`); online selection and the straggler view need them",
-        "commlab.language"),
+        "commlab.language", at_import=True),
     Var("COMMLAB_GPU_ABORT", "0", _flag,
         "`1`: GPU spins (`cl.wait(.., ctx)`, `cl.barrier`, the collectives') look at the "
         "host's abort word every 1024 spins and return when a rank is lost (read at "
         "`import commlab`; off until `bench/checks/gpu_elastic_abort.py` passes on a GPU)",
-        "commlab.language"),
+        "commlab.language", at_import=True),
     Var("COMMLAB_ADAPT", "0", _flag,
         "`1`: `algorithm=\"auto\"` also measures every call and adapts online (off by "
         "default: a switch under it gave a wrong all_reduce on 2 CPU ranks, not yet "
@@ -110,7 +112,8 @@ VARS: dict[str, Var] = {v.name: v for v in (
         "commlab.tuning"),
     Var("COMMLAB_HANG_GRACE", "5", float,
         "seconds `%%distributed` waits for ranks still in a collective after others "
-        "finished before it reports a hang (`--grace` overrides)", "commlab.engine"),
+        "finished before it reports a hang (`--grace` overrides)", "commlab.engine",
+        at_import=True),
     Var("COMMLAB_INTERPRETER_FASTMEM", "1", _flag,
         "`0` turns off commlab's faster loads/stores under Triton's interpreter",
         "commlab._interpreter"),
@@ -134,7 +137,8 @@ VARS: dict[str, Var] = {v.name: v for v in (
         "`%dist_start` world gets it)", "commlab.runtime"),
     Var("COMMLAB_FULL_TRACEBACKS", "0", _flag,
         "`1`: notebooks show commlab's errors with every frame (default: the user's frames "
-        "and the message; `err.full_traceback` keeps the rest)", "commlab.errors"),
+        "and the message; `err.full_traceback` keeps the rest)", "commlab.errors",
+        at_import=True),
     Var("COMMLAB_COMMIT", None, str,
         "commit recorded in benchmark results where the checkout has no `.git`",
         "commlab.bench"),
@@ -151,6 +155,13 @@ def raw(name: str) -> str | None:
     if name not in VARS:
         raise KeyError(f"{name} is not a commlab setting; add it to commlab/_config.py's table")
     return os.environ.get(name, VARS[name].default)
+
+
+def read_at_import(env) -> dict[str, str | None]:
+    """The settings ``import commlab`` reads once, as ``env`` (a mapping) gives them:
+    processes forked after the import must have been started with the same values."""
+    names = [v.name for v in VARS.values() if v.at_import] + ["TRITON_INTERPRET"]
+    return {n: env.get(n) for n in names}
 
 
 def get(name: str) -> Any:

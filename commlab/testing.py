@@ -81,7 +81,7 @@ def free_port() -> int:
 _STACKS: list = []  # a rank's stack-dump file, open for its whole life
 
 
-def _rank_main(rank, world_size, port, backend, fn, args, kwargs, results, env, init=True,
+def _rank_main(rank, world_size, port, backend, call, results, env, init=True,
                stack_file=None, caller=None):
     if stack_file is not None:  # kept open: faulthandler writes from its signal handler
         _STACKS.append(open(stack_file, "w"))
@@ -99,6 +99,9 @@ def _rank_main(rank, world_size, port, backend, fn, args, kwargs, results, env, 
     if backend == "cpu":
         os.environ.setdefault("COMMLAB_BACKEND", "cpu")
     try:
+        # unpickled after the environment is set: fn's module may import commlab, which
+        # reads some settings at import
+        fn, args, kwargs = pickle.loads(call)
         import commlab
 
         comm = commlab.init(backend=backend) if init else None
@@ -130,11 +133,11 @@ def _parent_store(port: int, world_size: int):
 
 
 @contextmanager
-def _server_env():
-    """The fork server starts with the caller's environment plus the CPU backend's
-    settings (restored right after: the caller's own environment is not changed)."""
-    saved = {k: os.environ.get(k) for k in _SERVER_ENV}
-    os.environ.update(_SERVER_ENV)
+def _environ(values: dict):
+    """``values`` in this process's environment for the block (restored after): what a
+    process started inside it imports under."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
     try:
         yield
     finally:
@@ -145,28 +148,60 @@ def _server_env():
                 os.environ[k] = v
 
 
-def _context(backend: str, start: str):
-    """(multiprocessing context, whether ranks are forked from the CPU fork server)."""
+_SERVED: dict = {}  # the fork server's pid -> the import-time settings it started with
+
+
+def _import_settings(env) -> dict:
+    """What ``import commlab`` fixes, apart from the interpreter (checked on its own)."""
+    from commlab import _config
+
+    got = _config.read_at_import(env)
+    for name in ("COMMLAB_BACKEND", "TRITON_INTERPRET"):
+        got.pop(name)
+    return got
+
+
+def _context(backend: str, start: str, env: dict | None = None):
+    """(multiprocessing context, whether ranks are forked from the CPU fork server). A world
+    whose environment changes a setting read at import is spawned: the server's import
+    would not see it."""
     if start not in ("auto", "spawn", "forkserver"):
         raise ValueError(f"run_world: start must be 'auto', 'spawn' or 'forkserver', got "
                          f"{start!r}")
     interp = os.environ.get("TRITON_INTERPRET", "1").lower() in ("1", "true", "on", "yes")
-    if start == "auto":
-        start = "forkserver" if backend == "cpu" and interp else "spawn"
-    if start == "spawn":
-        return mp.get_context("spawn"), False
-    if backend != "cpu" or not interp:
+    if start == "forkserver" and (backend != "cpu" or not interp):
         raise ValueError("run_world: start='forkserver' serves CPU worlds only (the server "
                          f"imports commlab with Triton's interpreter on); got backend="
                          f"{backend!r}, TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET')!r}"
                          "; use start='spawn'")
+    if start == "spawn" or backend != "cpu" or not interp:
+        return mp.get_context("spawn"), False
     from multiprocessing import forkserver
 
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(_PRELOAD)
-    with _server_env():
+    with _environ(_SERVER_ENV):  # the caller's environment plus the CPU backend's settings
         forkserver.ensure_running()
+        pid = _server_pid()
+        if pid not in _SERVED:  # a new server: what its import sees
+            _SERVED.clear()
+            _SERVED[pid] = _import_settings(os.environ)
+    wanted = _import_settings({**os.environ, **(env or {})})
+    if wanted != _SERVED[pid]:
+        if start == "forkserver":
+            differ = {k: v for k, v in wanted.items() if _SERVED[pid].get(k) != v}
+            raise ValueError(f"run_world: start='forkserver' cannot give this world {differ} "
+                             f"(read at import; the server imported commlab with "
+                             f"{ {k: _SERVED[pid].get(k) for k in differ} }); use "
+                             "start='spawn' or start='auto'")
+        return mp.get_context("spawn"), False
     return ctx, True
+
+
+def _server_pid() -> int | None:
+    from multiprocessing import forkserver
+
+    return getattr(forkserver._forkserver, "_forkserver_pid", None)
 
 
 def run_world(fn, world_size: int, args: tuple = (), kwargs: dict | None = None, *,
@@ -183,7 +218,7 @@ def run_world(fn, world_size: int, args: tuple = (), kwargs: dict | None = None,
     ``fn(None, **kwargs)`` without ``init`` (it calls ``commlab.init(join=True)``); their
     results follow the ranks'. ``start``: ``"auto"`` forks CPU ranks from the fork server
     and spawns GPU ranks; ``"spawn"`` always spawns (a rank imports everything itself)."""
-    ctx, forked = _context(backend, start)
+    ctx, forked = _context(backend, start, env)
     caller = (dict(os.environ), os.getcwd()) if forked else None
     results = ctx.Queue()
     port = free_port()
@@ -194,18 +229,25 @@ def run_world(fn, world_size: int, args: tuple = (), kwargs: dict | None = None,
     elif store != "rank0":
         raise ValueError(f"run_world: store must be 'rank0' or 'parent', got {store!r}")
     stacks = tempfile.TemporaryDirectory(prefix="commlab-run-world-")
-    specs = [(fn, args, kwargs or {}, init)] * world_size + [
-        (f, (), kw, False) for f, kw in newcomers or []]
+    mine = pickle.dumps((fn, args, kwargs or {}))  # unpickled by each rank after its env
+    specs = [(mine, init)] * world_size + [
+        (pickle.dumps((f, (), kw)), False) for f, kw in newcomers or []]
     total = len(specs)
     stack_files = [os.path.join(stacks.name, f"rank{r}.txt") for r in range(total)]
     procs = [
         ctx.Process(target=_rank_main, daemon=True,
-                    args=(r, world_size, port, backend, f, a, kw, results, env or {},
-                          i, stack_files[r], caller))
-        for r, (f, a, kw, i) in enumerate(specs)
+                    args=(r, world_size, port, backend, c, results, env or {}, i,
+                          stack_files[r], caller))
+        for r, (c, i) in enumerate(specs)
     ]
-    for p in procs:
-        p.start()
+    # a spawned rank imports commlab (the target's module) before it runs: it starts with
+    # the world's environment so that settings read at import see it
+    spawn_env = {} if forked else dict(env or {})
+    if not forked and backend == "cpu":
+        spawn_env.setdefault("COMMLAB_BACKEND", os.environ.get("COMMLAB_BACKEND", "cpu"))
+    with _environ(spawn_env):
+        for p in procs:
+            p.start()
     got: dict[int, tuple[bool, object]] = {}
     deadline = time.monotonic() + timeout
     try:

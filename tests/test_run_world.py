@@ -28,3 +28,15 @@ def test_ranks_see_the_callers_environment_and_directory_at_the_call(start, tmp_
 def test_a_fork_server_for_a_gpu_world_is_refused_with_the_fix():
     with pytest.raises(ValueError, match="start='spawn'"):
         run_world(run_world_env.seen, 2, args=("X",), backend="cuda", start="forkserver")
+
+
+def test_a_world_that_changes_a_setting_read_at_import_is_spawned_and_sees_it():
+    default = run_world(run_world_env.records_on, 2)
+    off = run_world(run_world_env.records_on, 2, env={"COMMLAB_RECORDS": "0"})
+    assert [(r["host"], r["kernels"]) for r in default] == [(True, True)] * 2
+    assert [(r["host"], r["kernels"]) for r in off] == [(False, False)] * 2
+    assert {r["ppid"] for r in off} == {os.getpid()}  # spawned: the server's import is older
+    assert {r["ppid"] for r in default} != {os.getpid()}
+    with pytest.raises(ValueError, match="COMMLAB_RECORDS"):
+        run_world(run_world_env.records_on, 2, env={"COMMLAB_RECORDS": "0"},
+                  start="forkserver")

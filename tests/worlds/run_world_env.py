@@ -13,3 +13,11 @@ def seen(comm, name: str) -> dict:
     total = commlab.all_reduce(torch.ones(4)).tolist()
     return {"value": os.environ.get(name), "cwd": os.getcwd(), "pid": os.getpid(),
             "ppid": os.getppid(), "sum": total, "rank": comm.rank}
+
+
+def records_on(comm) -> dict:
+    from commlab import language
+    from commlab.runtime import records
+
+    return {"host": records.enabled(), "kernels": bool(language.RECORDS.value),
+            "ppid": os.getppid()}
