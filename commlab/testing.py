@@ -243,8 +243,8 @@ def run_world(fn, world_size: int, args: tuple = (), kwargs: dict | None = None,
     # a spawned rank imports commlab (the target's module) before it runs: it starts with
     # the world's environment so that settings read at import see it
     spawn_env = {} if forked else dict(env or {})
-    if not forked and backend == "cpu":
-        spawn_env.setdefault("COMMLAB_BACKEND", os.environ.get("COMMLAB_BACKEND", "cpu"))
+    if not forked and backend == "cpu" and "COMMLAB_BACKEND" not in os.environ:
+        spawn_env.setdefault("COMMLAB_BACKEND", "cpu")  # as the rank sets it itself
     with _environ(spawn_env):
         for p in procs:
             p.start()
