@@ -13,7 +13,11 @@ Per key (op, size bucket = a power of two, dtype, world size, world generation):
       block), so every rank runs the same algorithm on every call.
 
 The schedule depends only on how many calls of the key were made, which every rank
-agrees on; only rank 0's decisions carry measurements. A CUDA-graph capture freezes the
+agrees on; only rank 0's decisions carry measurements. The picked algorithm is agreed
+as its own signature field ("online"): the kernels' "no trailing barrier" arguments hold
+between calls of one algorithm only, so a call that runs another algorithm than the
+previous one must not run ahead as its repeat (it waits; on CUDA the devices also meet
+first: ``fence``). A CUDA-graph capture freezes the
 key's current choice (a replay cannot re-choose) and says so once. ``COMMLAB_ADAPT=0``:
 ``auto`` is the table's choice, deterministically.
 """
@@ -51,6 +55,7 @@ class _Key:
     chosen_median: float = 0.0  # the current algorithm's median when it was chosen
     samples: dict = field(default_factory=dict)  # algorithm -> deque of wire ns
     history: list = field(default_factory=list)  # (call, algorithm, why) decisions
+    last: str = ""  # the algorithm the key's previous call ran
 
 
 def on(comm) -> bool:
@@ -75,8 +80,31 @@ def key_for(comm, op: str, x: torch.Tensor) -> tuple:
             comm.world_size, comm.generation)
 
 
-def pick(comm, op: str, x, algorithms: tuple[str, ...]) -> str | None:
-    """The algorithm this ``auto`` call runs, or None (not adapted: the usual choice)."""
+def pick(comm, op: str, x, algorithms: tuple[str, ...]) -> tuple[str | None, bool]:
+    """The algorithm this ``auto`` call runs, or None (not adapted: the usual choice),
+    and whether it differs from the one the key's previous call ran (``fence``)."""
+    alg = _pick(comm, op, x, algorithms)
+    if alg is None:
+        return None, False
+    k = _state(comm)[key_for(comm, op, x)]
+    changed, k.last = bool(k.last) and alg != k.last, alg
+    return alg, changed
+
+
+def fence(comm) -> None:
+    """Before a call whose algorithm differs from its key's previous one, after the
+    agreement: on CUDA every rank's device meets (a one-program barrier kernel), so the
+    previous kernel has finished reading its inboxes on every rank before this one
+    pushes into the peers' (the kernels' "no trailing barrier" arguments hold only
+    between calls of one algorithm). On CPU the waiting agreement already is that
+    point: a kernel there returns when it is done."""
+    if comm.backend == "cuda":
+        from commlab.collectives.barrier import barrier_kernel  # noqa: PLC0415
+
+        barrier_kernel[(1,)](comm.context)
+
+
+def _pick(comm, op: str, x, algorithms: tuple[str, ...]) -> str | None:
     if len(algorithms) < 2 or not isinstance(x, torch.Tensor) or x.numel() == 0 or not on(comm):
         return None
     algs = tuple(a for a in algorithms if a != "copy_engine")  # chosen only in captures
