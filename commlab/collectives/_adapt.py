@@ -59,9 +59,15 @@ class _Key:
 
 
 def on(comm) -> bool:
-    return (bool(_config.get("COMMLAB_ADAPT")) and _records.enabled()
-            and comm.world_size > 1 and comm.local is comm
-            and isinstance(comm.control, ControlBlock))
+    """Whether ``auto`` adapts on ``comm``: read once per communicator and world
+    generation (COMMLAB_ADAPT, records on, one host, more than one rank)."""
+    cached = getattr(comm, "adapt_on", None)
+    if cached is None or cached[0] != comm.generation:
+        cached = (comm.generation, bool(_config.get("COMMLAB_ADAPT")) and _records.enabled()
+                  and comm.world_size > 1 and comm.local is comm
+                  and isinstance(comm.control, ControlBlock))
+        comm.adapt_on = cached
+    return cached[1]
 
 
 def _state(comm) -> dict:
@@ -84,8 +90,8 @@ def pick(comm, op: str, x, algorithms: tuple[str, ...]) -> tuple[str | None, boo
     """The algorithm this ``auto`` call runs, or None (not adapted: the usual choice),
     and whether it differs from the one the key's previous call ran (``fence``)."""
     alg = _pick(comm, op, x, algorithms)
-    if alg is None:
-        return None, False
+    if alg is None or comm.backend == "cuda" and torch.cuda.is_current_stream_capturing():
+        return alg, False  # a capture replays later, between calls it cannot see
     k = _state(comm)[key_for(comm, op, x)]
     changed, k.last = bool(k.last) and alg != k.last, alg
     return alg, changed
