@@ -194,3 +194,22 @@ def test_arrival_spans_export_as_a_perfetto_trace_with_wait_and_comm_categories(
     cats = {(e["pid"], e["cat"]) for e in d["traceEvents"] if e["ph"] == "X"}
     assert cats == {(0, "wait"), (0, "comm"), (1, "comm")}
     assert recs[0].last_rank == 1 and recs[0].late_ns == 4000
+
+
+def test_a_hopeless_algorithm_is_explored_only_every_spare_round_and_travels_in_the_note():
+    from collections import deque
+
+    from commlab.collectives import _adapt
+
+    k = _adapt._Key(("one_shot", "two_shot", "ring"), "one_shot", "one_shot")
+    k.samples = {"one_shot": deque([1.0, 1.1, 0.9]), "two_shot": deque([1.5, 1.4, 1.6]),
+                 "ring": deque([90.0, 110.0, 100.0])}
+    assert _adapt._hopeless(k, "one_shot") == {"ring"}
+    slow = [k.algorithms.index("ring")]
+    assert _adapt._decode(_adapt._encode(123, 1, True, slow)) == (123, 1, 1, 1 << slow[0])
+    k.slow = frozenset({"ring"})
+    explored = [_adapt._explore(k) for _ in range(4 * _adapt.SPARE)]
+    assert explored.count("ring") == 4 and explored.count("two_shot") == 4 * _adapt.SPARE - 4
+    k.slow = frozenset({"two_shot", "ring"})  # nothing near: mostly no exploration at all
+    explored = [_adapt._explore(k) for _ in range(4 * _adapt.SPARE)]
+    assert explored.count("one_shot") == 4 * _adapt.SPARE - 4

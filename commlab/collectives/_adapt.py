@@ -5,6 +5,7 @@ Per key (op, size bucket = a power of two, dtype, world size, world generation):
     current = the tuning table's choice (or the defaults)        # _select.choose
     every call: run `current`, except on a deterministic schedule
       - one call in PERIOD (2%) runs the next other algorithm    # steady exploration
+        (one over HOPELESS times slower than `current` only every SPARE-th time)
       - in a burst period (a new key, a drift, a new world) BURST calls per algorithm
     every PERIOD-th call: rank 0 decides from the call records (wire time, median over
       the last WINDOW calls of each algorithm); another algorithm >= 5% faster becomes
@@ -17,8 +18,8 @@ agrees on; only rank 0's decisions carry measurements. The picked algorithm is a
 as its own signature field ("online"): the kernels' "no trailing barrier" arguments hold
 between calls of one algorithm only, so a call that runs another algorithm than the
 previous one must not run ahead as its repeat (it waits; on CUDA the devices also meet
-first: ``fence``). A CUDA-graph capture freezes the
-key's current choice (a replay cannot re-choose) and says so once. ``COMMLAB_ADAPT=0``:
+first: ``fence``). A CUDA-graph capture freezes the key's current choice (a replay
+cannot re-choose) and says so once. ``COMMLAB_ADAPT=0``:
 ``auto`` is the table's choice, deterministically.
 """
 
@@ -41,6 +42,8 @@ BURST = 4  # calls per algorithm in a burst period
 WINDOW = 9  # samples per algorithm in a median
 SWITCH = 0.05  # another algorithm this much faster (median) takes over
 DRIFT = 0.20  # the current algorithm's median moving this much starts a burst
+HOPELESS = 2.0  # an algorithm this much slower than the current (median) is explored
+SPARE = 8  # only in every SPARE-th steady exploration (a ring call can cost 100 others)
 _FROZEN: set = set()  # keys whose capture freeze was reported
 
 
@@ -56,6 +59,7 @@ class _Key:
     samples: dict = field(default_factory=dict)  # algorithm -> deque of wire ns
     history: list = field(default_factory=list)  # (call, algorithm, why) decisions
     last: str = ""  # the algorithm the key's previous call ran
+    slow: frozenset = frozenset()  # rank 0's last decision: the HOPELESS algorithms
 
 
 def on(comm) -> bool:
@@ -133,11 +137,21 @@ def _pick(comm, op: str, x, algorithms: tuple[str, ...]) -> str | None:
         return k.current
     if k.burst and slot <= BURST * len(k.algorithms):
         return k.algorithms[(slot - 1) // BURST]
-    if slot == PERIOD // 2:  # the steady exploration: the next other algorithm
-        others = [a for a in k.algorithms if a != k.current]
-        k.rounds += 1
-        return others[k.rounds % len(others)]
+    if slot == PERIOD // 2:  # the steady exploration
+        return _explore(k)
     return k.current
+
+
+def _explore(k: _Key) -> str:
+    """The next other contender (a HOPELESS one only every SPARE-th round), or the
+    current algorithm when there is none this round."""
+    k.rounds += 1
+    others = [a for a in k.algorithms if a != k.current]
+    if k.rounds % SPARE == 0:  # the hopeless ones' turn (all others' when there is none)
+        pool = [a for a in others if a in k.slow] or others
+        return pool[k.rounds // SPARE % len(pool)]
+    pool = [a for a in others if a not in k.slow]
+    return pool[k.rounds % len(pool)] if pool else k.current
 
 
 def _frozen(key: tuple, k: _Key | None) -> str | None:
@@ -171,11 +185,12 @@ def _decide(comm, key: tuple, k: _Key) -> None:
     if comm.rank == 0:
         feed(comm)
         cur, burst, why = _judge(k)
-        ctl.set_note(_encode(k.calls, k.algorithms.index(cur), burst))
+        slow = [i for i, a in enumerate(k.algorithms) if a in _hopeless(k, cur)]
+        ctl.set_note(_encode(k.calls, k.algorithms.index(cur), burst, slow))
         if cur != k.current or why:
             k.history.append((k.calls, cur, why))
     ctl.agree(Signature("adapt", {"op": key[0], "call": k.calls}))
-    calls, index, burst_bit = _decode(ctl.note(0))
+    calls, index, burst_bit, slow_bits = _decode(ctl.note(0))
     if calls != k.calls % (1 << 40):
         from commlab.errors import CommlabError  # noqa: PLC0415
         raise CommlabError(f"{key[0]}: rank 0's online choice is for call {calls}, this "
@@ -184,6 +199,16 @@ def _decide(comm, key: tuple, k: _Key) -> None:
     if new != k.current:
         k.chosen_median = 0.0
     k.current, k.burst = new, bool(burst_bit)
+    k.slow = frozenset(a for i, a in enumerate(k.algorithms) if slow_bits >> i & 1)
+
+
+def _hopeless(k: _Key, cur: str) -> set[str]:
+    """The algorithms whose median is over HOPELESS times ``cur``'s (rank 0)."""
+    base = _median(k, cur)
+    if base is None:
+        return set()
+    return {a for a in k.algorithms
+            if a != cur and (t := _median(k, a)) is not None and t > HOPELESS * base}
 
 
 def _judge(k: _Key) -> tuple[str, bool, str]:
@@ -211,12 +236,14 @@ def _judge(k: _Key) -> tuple[str, bool, str]:
     return k.current, False, ""
 
 
-def _encode(calls: int, index: int, burst: bool) -> int:
-    return ((calls % (1 << 40)) << 16) | (int(burst) << 8) | index
+def _encode(calls: int, index: int, burst: bool, slow: list[int]) -> int:
+    """calls: bits 16-55; slow algorithms' indices: bits 9-15; burst: bit 8; index."""
+    mask = sum(1 << i for i in slow if i < 7)
+    return ((calls % (1 << 40)) << 16) | (mask << 9) | (int(burst) << 8) | index
 
 
-def _decode(v: int) -> tuple[int, int, int]:
-    return v >> 16, v & 0xFF, (v >> 8) & 1
+def _decode(v: int) -> tuple[int, int, int, int]:
+    return v >> 16, v & 0xFF, (v >> 8) & 1, (v >> 9) & 0x7F
 
 
 def state(comm) -> dict:
