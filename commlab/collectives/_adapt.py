@@ -4,9 +4,12 @@ Per key (op, size bucket = a power of two, dtype, world size, world generation):
 
     current = the tuning table's choice (or the defaults)        # _select.choose
     every call: run `current`, except on a deterministic schedule
-      - one call in PERIOD (2%) runs the next other algorithm    # steady exploration
+      - one call in PERIOD runs the next other algorithm         # steady exploration
         (one over HOPELESS times slower than `current` only every SPARE-th time)
       - in a burst period (a new key, a drift, a new world) BURST calls per algorithm
+        (after the first period: `current` and the algorithms not HOPELESS)
+      - beyond a key's first period at most EXPLORE (2%) of its calls explore: a steady
+        exploration waits while over budget, a drift's burst while already over it
     every PERIOD-th call: rank 0 decides from the call records (wire time, median over
       the last WINDOW calls of each algorithm); another algorithm >= 5% faster becomes
       `current`; the current one's median moving > 20% from when it was chosen starts
@@ -44,6 +47,7 @@ SWITCH = 0.05  # another algorithm this much faster (median) takes over
 DRIFT = 0.20  # the current algorithm's median moving this much starts a burst
 HOPELESS = 2.0  # an algorithm this much slower than the current (median) is explored
 SPARE = 8  # only in every SPARE-th steady exploration (a ring call can cost 100 others)
+EXPLORE = 0.02  # exploring calls per call, a key's first period aside
 _FROZEN: set = set()  # keys whose capture freeze was reported
 
 
@@ -60,6 +64,8 @@ class _Key:
     history: list = field(default_factory=list)  # (call, algorithm, why) decisions
     last: str = ""  # the algorithm the key's previous call ran
     slow: frozenset = frozenset()  # rank 0's last decision: the HOPELESS algorithms
+    explored: int = 0  # calls that ran another algorithm than `current` (first period aside)
+    deferred: bool = False  # a drift's burst waits until the budget allows it
 
 
 def on(comm) -> bool:
@@ -135,11 +141,23 @@ def _pick(comm, op: str, x, algorithms: tuple[str, ...]) -> str | None:
     if slot == 0:
         _decide(comm, key, k)
         return k.current
-    if k.burst and slot <= BURST * len(k.algorithms):
-        return k.algorithms[(slot - 1) // BURST]
-    if slot == PERIOD // 2:  # the steady exploration
-        return _explore(k)
-    return k.current
+    alg = k.current
+    burst = _burst(k)
+    if k.burst and slot <= BURST * len(burst):
+        alg = burst[(slot - 1) // BURST]
+    elif slot == PERIOD // 2 and k.explored + 1 <= EXPLORE * k.calls:  # steady exploration
+        alg = _explore(k)
+    if alg != k.current and k.calls > PERIOD:
+        k.explored += 1
+    return alg
+
+
+def _burst(k: _Key) -> tuple[str, ...]:
+    """What a burst period measures: every algorithm in a key's first period, then the
+    current one and its contenders (the HOPELESS ones wait for a steady turn)."""
+    if k.calls <= PERIOD:
+        return k.algorithms
+    return tuple(a for a in k.algorithms if a == k.current or a not in k.slow)
 
 
 def _explore(k: _Key) -> str:
@@ -198,8 +216,12 @@ def _decide(comm, key: tuple, k: _Key) -> None:
     new = k.algorithms[index]
     if new != k.current:
         k.chosen_median = 0.0
-    k.current, k.burst = new, bool(burst_bit)
+    k.current = new
     k.slow = frozenset(a for i, a in enumerate(k.algorithms) if slow_bits >> i & 1)
+    # a burst may overdraw the exploration budget once; steady explorations repay it
+    want = bool(burst_bit) or k.deferred
+    k.burst = want and k.explored <= EXPLORE * k.calls
+    k.deferred = want and not k.burst
 
 
 def _hopeless(k: _Key, cur: str) -> set[str]:
