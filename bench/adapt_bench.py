@@ -4,17 +4,26 @@
     python bench/adapt_bench.py --backend cuda --ranks 2         # 2 ranks sharing one GPU
 
 Phases (all_reduce, fp32), run in order on one world:
-  base   a small message, nothing else running
+  base   --base-bytes (1 MiB), nothing else running
   load   the same message, a competing load beside rank ranks-1 (CPU: a busy process
          on that rank's core; cuda: a copy flood on its GPU from a side stream)
-  size   a larger message, load gone
-In each phase every fixed algorithm runs --fixed calls (after warm-up), then the
-adaptive ``auto`` (COMMLAB_ADAPT=1, its state kept across phases) runs --calls calls.
+  size   another size, --size-bytes (64 KiB), load gone
+In each phase the adaptive ``auto`` (COMMLAB_ADAPT=1, its state kept across phases)
+runs --calls calls in blocks of --block, each block followed by --fixed calls of every
+fixed algorithm: the comparison stays paired in time while the machine's load drifts.
+The fixed calls' records are dropped before each block (online selection learns only
+from its own calls).
 Per call: rank 0's host time around the call (CPU: the interpreter finishes the kernel
-inside the call; cuda: a device synchronize after every call). The record per phase:
-the median of each fixed algorithm, the static table's choice and its median, the
-adaptive median over its last 50 calls, and the first call after which the adaptive
-choice stayed the phase's best. Writes bench/results/adapt-<backend>-w<N>.json and .svg.
+inside the call; cuda: a device synchronize after every call).
+
+Goals (issue 30 item 3), judged per phase and printed as PASS/FAIL:
+  best   the algorithm online selection holds from some call <= 200 on is within 3% of
+         the phase's best fixed median, and so is the adaptive median over its calls
+         from then on;
+  table  where the static table's choice is > 3% slower than the best, the adaptive
+         median is >= 10% faster than the table's.
+Writes bench/results/adapt-<backend>-w<N>.json and .svg (the machine's load average at
+each phase's start and end is in the record: CPU timings on a shared box are noisy).
 """
 
 from __future__ import annotations
@@ -90,70 +99,107 @@ def _time_calls(comm, x, algorithm: str, n: int, cuda: bool) -> tuple[list[float
     return times, chosen
 
 
-def _rank(comm, phases, fixed: int, calls: int, backend: str):
+def _rank(comm, phases, fixed: int, calls: int, block: int, backend: str):
+    import commlab
     from commlab.collectives import _select
+    from commlab.runtime import records
 
     cuda = backend == "cuda"
     out = []
     for name, nbytes, loaded in phases:
+        load0 = os.getloadavg()[0]
         x = torch.ones(nbytes // 4, dtype=torch.float32, device=comm.device)
         handle = _load_start(comm, backend) if loaded and comm.rank == comm.world_size - 1 else None
+        fixed_t: dict[str, list[float]] = {a: [] for a in ALGS}
+        times: list[float] = []
+        chosen: list[str] = []
         try:
-            fixed_t = {}
             for alg in ALGS:
                 _time_calls(comm, x, alg, 3, cuda)  # warm-up: compile, plans
-                fixed_t[alg] = statistics.median(_time_calls(comm, x, alg, fixed, cuda)[0])
             table = _select.choose(comm, "all_reduce", x.dtype, nbytes, ALGS)
-            times, chosen = _time_calls(comm, x, "auto", calls, cuda)
+            while len(times) < calls:
+                commlab.barrier()  # every rank's fixed calls ended: their records complete
+                records.collect(comm)  # ... and are not online selection's to learn from
+                t, c = _time_calls(comm, x, "auto", min(block, calls - len(times)), cuda)
+                times += t
+                chosen += c
+                for alg in ALGS:
+                    fixed_t[alg] += _time_calls(comm, x, alg, fixed, cuda)[0]
         finally:
             if handle is not None:
                 _load_stop(handle, backend)
-        best = min(fixed_t, key=fixed_t.__getitem__)
-        settled = next((i for i in range(len(chosen)) if all(c == best for c in chosen[i:])),
-                       None)
         out.append({"phase": name, "bytes": nbytes, "loaded_rank": comm.world_size - 1
-                    if loaded else None, "fixed_us": fixed_t, "best": best, "table": table,
-                    "table_us": fixed_t[table], "adaptive_us": statistics.median(times[-50:]),
-                    "adaptive_times_us": times, "adaptive_choice": chosen,
-                    "settled_after_calls": settled})
+                    if loaded else None, "loadavg": [load0, os.getloadavg()[0]],
+                    "fixed_us": {a: statistics.median(v) for a, v in fixed_t.items()},
+                    "fixed_times_us": fixed_t, "table": table, "adaptive_times_us": times,
+                    "adaptive_choice": chosen})
     return out
 
 
+def judge(p: dict, within: int = 200, near: float = 0.03, gain: float = 0.10) -> dict:
+    """The phase's goals from its record (see the module docstring)."""
+    fixed = p["fixed_us"]
+    best = min(fixed, key=fixed.__getitem__)
+    good = {a for a, t in fixed.items() if t <= fixed[best] * (1 + near)}
+    chosen, times = p["adaptive_choice"], p["adaptive_times_us"]
+    settled = next((i for i in range(len(chosen)) if all(c in good for c in chosen[i:])),
+                   None)
+    after = times[settled:] if settled is not None else times[-50:]
+    adaptive = statistics.median(after)
+    table_wrong = fixed[p["table"]] > fixed[best] * (1 + near)
+    r = {"best": best, "within_3pct": sorted(good), "settled_after_calls": settled,
+         "adaptive_us": adaptive, "adaptive_vs_best": adaptive / fixed[best] - 1,
+         "table_us": fixed[p["table"]], "table_wrong": table_wrong,
+         "adaptive_vs_table": fixed[p["table"]] / adaptive - 1}
+    r["goal_best"] = (settled is not None and settled <= within
+                      and adaptive <= fixed[best] * (1 + near))
+    r["goal_table"] = (not table_wrong) or fixed[p["table"]] >= adaptive * (1 + gain)
+    return r
+
+
 def _svg(results: list[dict], title: str) -> str:
-    """Per phase: the adaptive call times (dots), each fixed algorithm's median (lines)."""
-    w, h, pad = 900, 360, 50
-    times = [t for p in results for t in p["adaptive_times_us"]]
-    ymax = max(max(times), *(v for p in results for v in p["fixed_us"].values())) * 1.05
-    n = len(times)
+    """Per phase, relative to that phase's best fixed median (1.0): the adaptive call
+    times (dots, coloured by the algorithm online selection held), their running median
+    over 25 calls (black) and each fixed algorithm's median (dashed). Clipped at 3x."""
+    w, h, pad, top = 900, 360, 50, 3.0
+    n = sum(len(p["adaptive_times_us"]) for p in results)
     colors = {"one_shot": "#1f77b4", "two_shot": "#d62728", "ring": "#2ca02c"}
 
-    def xy(i, t):
-        return pad + (w - 2 * pad) * i / max(n - 1, 1), h - pad - (h - 2 * pad) * t / ymax
+    def xy(i, r):
+        return (pad + (w - 2 * pad) * i / max(n - 1, 1),
+                h - pad - (h - 2 * pad) * min(r, top) / top)
 
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}">',
              f'<text x="{pad}" y="20" font-size="14">{title}</text>',
              f'<line x1="{pad}" y1="{h - pad}" x2="{w - pad}" y2="{h - pad}" stroke="black"/>',
              f'<line x1="{pad}" y1="{pad}" x2="{pad}" y2="{h - pad}" stroke="black"/>',
-             f'<text x="5" y="{pad}" font-size="10">{ymax:.0f} µs</text>']
+             f'<text x="5" y="{pad}" font-size="10">{top:g}x</text>',
+             f'<text x="5" y="{xy(0, 1)[1]:.0f}" font-size="10">best</text>']
     i0 = 0
     for p in results:
-        m = len(p["adaptive_times_us"])
+        best = min(p["fixed_us"].values())
+        rel = [t / best for t in p["adaptive_times_us"]]
+        m = len(rel)
         xa, _ = xy(i0, 0)
         xb, _ = xy(i0 + m - 1, 0)
         parts.append(f'<text x="{xa}" y="{h - pad + 15}" font-size="11">{p["phase"]} '
-                     f'({p["bytes"] >> 10} KiB)</text>')
+                     f'({p["bytes"] >> 10} KiB, best {best / 1e3:.1f} ms)</text>')
         for alg, t in p["fixed_us"].items():
-            _, y = xy(0, t)
-            parts.append(f'<line x1="{xa}" y1="{y}" x2="{xb}" y2="{y}" stroke="{colors[alg]}" '
-                         f'stroke-dasharray="4,3"/>')
-        for j, (t, c) in enumerate(zip(p["adaptive_times_us"], p["adaptive_choice"],
-                                       strict=True)):
-            x, y = xy(i0 + j, t)
+            _, y = xy(0, t / best)
+            parts.append(f'<line x1="{xa}" y1="{y:.1f}" x2="{xb}" y2="{y:.1f}" '
+                         f'stroke="{colors[alg]}" stroke-dasharray="4,3"/>')
+        for j, (r, c) in enumerate(zip(rel, p["adaptive_choice"], strict=True)):
+            x, y = xy(i0 + j, r)
             parts.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="1.6" fill="{colors[c]}"/>')
+        run = [statistics.median(rel[max(0, j - 24):j + 1]) for j in range(m)]
+        pts = " ".join(f"{xy(i0 + j, r)[0]:.1f},{xy(i0 + j, r)[1]:.1f}" for j, r in enumerate(run))
+        parts.append(f'<polyline points="{pts}" fill="none" stroke="black" stroke-width="1.2"/>')
         i0 += m
     for k, (alg, c) in enumerate(colors.items()):
-        parts.append(f'<text x="{w - 160}" y="{40 + 14 * k}" font-size="11" fill="{c}">'
+        parts.append(f'<text x="{w - 170}" y="{40 + 14 * k}" font-size="11" fill="{c}">'
                      f'{alg} (dashed: fixed median)</text>')
+    parts.append(f'<text x="{w - 170}" y="{40 + 14 * 3}" font-size="11">adaptive, running '
+                 f'median</text>')
     parts.append("</svg>")
     return "\n".join(parts)
 
@@ -162,32 +208,40 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--backend", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--ranks", type=int, default=4)
-    ap.add_argument("--fixed", type=int, default=20, help="calls per fixed algorithm")
+    ap.add_argument("--fixed", type=int, default=2,
+                    help="calls per fixed algorithm after each adaptive block")
+    ap.add_argument("--block", type=int, default=20, help="adaptive calls per block")
     ap.add_argument("--calls", type=int, default=200, help="adaptive calls per phase")
-    ap.add_argument("--small", default=64 << 10, type=int, help="bytes, phases base/load")
-    ap.add_argument("--large", default=4 << 20, type=int, help="bytes, phase size")
+    ap.add_argument("--base-bytes", default=1 << 20, type=int, help="phases base and load")
+    ap.add_argument("--size-bytes", default=64 << 10, type=int, help="phase size")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--notes", default="", help="what else ran on the machine meanwhile")
     a = ap.parse_args(argv)
     from commlab.testing import run_world
 
-    phases = [("base", a.small, False), ("load", a.small, True), ("size", a.large, False)]
-    res = run_world(_rank, a.ranks, args=(phases, a.fixed, a.calls, a.backend),
+    phases = [("base", a.base_bytes, False), ("load", a.base_bytes, True),
+              ("size", a.size_bytes, False)]
+    res = run_world(_rank, a.ranks, args=(phases, a.fixed, a.calls, a.block, a.backend),
                     backend=a.backend, timeout=3600, env={"COMMLAB_ADAPT": "1"})[0]
     out = Path(a.out or HERE / "results" / f"adapt-{a.backend}-w{a.ranks}.json")
     summary = []
     for p in res:
-        gap = p["adaptive_us"] / p["fixed_us"][p["best"]] - 1
-        gain = p["table_us"] / p["adaptive_us"] - 1
-        p["adaptive_vs_best"], p["adaptive_vs_table"] = gap, gain
-        summary.append(f"{p['phase']:5s} {p['bytes'] >> 10:6d} KiB  best {p['best']} "
-                       f"{p['fixed_us'][p['best']]:.0f} us, table {p['table']} "
-                       f"{p['table_us']:.0f} us, adaptive {p['adaptive_us']:.0f} us "
-                       f"({gap:+.1%} vs best, {gain:+.1%} faster than the table), settled "
-                       f"after {p['settled_after_calls']} calls")
+        p.update(judge(p))
+        summary.append(
+            f"{p['phase']:5s} {p['bytes'] >> 10:6d} KiB  best {p['best']} "
+            f"{p['fixed_us'][p['best']]:.0f} us, table {p['table']} {p['table_us']:.0f} us, "
+            f"adaptive {p['adaptive_us']:.0f} us ({p['adaptive_vs_best']:+.1%} vs best, "
+            f"{p['adaptive_vs_table']:+.1%} faster than the table), choice within 3% from "
+            f"call {p['settled_after_calls']}, load {p['loadavg'][0]:.1f}-{p['loadavg'][1]:.1f}")
+        summary.append(f"  {'PASS' if p['goal_best'] else 'FAIL'} within 3% of the best "
+                       f"within 200 calls")
+        if p["table_wrong"]:
+            summary.append(f"  {'PASS' if p['goal_table'] else 'FAIL'} >= 10% faster than "
+                           f"the table where its choice is wrong")
     print("\n".join(summary))
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"backend": a.backend, "ranks": a.ranks, "phases": res,
-                               "summary": summary}, indent=1))
+    out.write_text(json.dumps({"backend": a.backend, "ranks": a.ranks, "notes": a.notes,
+                               "phases": res, "summary": summary}, indent=1))
     out.with_suffix(".svg").write_text(
         _svg(res, f"all_reduce fp32, {a.ranks} ranks ({a.backend}): adaptive auto per call"))
     print(f"wrote {out} and {out.with_suffix('.svg')}")

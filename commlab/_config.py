@@ -101,8 +101,8 @@ VARS: dict[str, Var] = {v.name: v for v in (
         "commlab.language", at_import=True),
     Var("COMMLAB_ADAPT", "0", _flag,
         "`1`: `algorithm=\"auto\"` also measures every call and adapts online (off by "
-        "default: a switch under it gave a wrong all_reduce on 2 CPU ranks, not yet "
-        "found); `0`: the tuning table (or the defaults) alone, deterministically",
+        "default until `bench/checks/gpu_adapt_switch.py` has run on a GPU); `0`: the "
+        "tuning table (or the defaults) alone, deterministically",
         "commlab.collectives"),
     Var("COMMLAB_ROUNDS", None, int,
         "forces the pipeline depth of the collectives (tests use it to exercise the "

@@ -4,8 +4,12 @@ Per key (op, size bucket = a power of two, dtype, world size, world generation):
 
     current = the tuning table's choice (or the defaults)        # _select.choose
     every call: run `current`, except on a deterministic schedule
-      - one call in PERIOD (2%) runs the next other algorithm    # steady exploration
+      - one call in PERIOD runs the next other algorithm         # steady exploration
+        (one over HOPELESS times slower than `current` only every SPARE-th time)
       - in a burst period (a new key, a drift, a new world) BURST calls per algorithm
+        (after the first period: `current` and the algorithms not HOPELESS)
+      - beyond a key's first period at most EXPLORE (2%) of its calls explore: a steady
+        exploration waits while over budget, a drift's burst while already over it
     every PERIOD-th call: rank 0 decides from the call records (wire time, median over
       the last WINDOW calls of each algorithm); another algorithm >= 5% faster becomes
       `current`; the current one's median moving > 20% from when it was chosen starts
@@ -13,8 +17,12 @@ Per key (op, size bucket = a power of two, dtype, world size, world generation):
       block), so every rank runs the same algorithm on every call.
 
 The schedule depends only on how many calls of the key were made, which every rank
-agrees on; only rank 0's decisions carry measurements. A CUDA-graph capture freezes the
-key's current choice (a replay cannot re-choose) and says so once. ``COMMLAB_ADAPT=0``:
+agrees on; only rank 0's decisions carry measurements. The picked algorithm is agreed
+as its own signature field ("online"): the kernels' "no trailing barrier" arguments hold
+between calls of one algorithm only, so a call that runs another algorithm than the
+previous one must not run ahead as its repeat (it waits; on CUDA the devices also meet
+first: ``fence``). A CUDA-graph capture freezes the key's current choice (a replay
+cannot re-choose) and says so once. ``COMMLAB_ADAPT=0``:
 ``auto`` is the table's choice, deterministically.
 """
 
@@ -37,6 +45,9 @@ BURST = 4  # calls per algorithm in a burst period
 WINDOW = 9  # samples per algorithm in a median
 SWITCH = 0.05  # another algorithm this much faster (median) takes over
 DRIFT = 0.20  # the current algorithm's median moving this much starts a burst
+HOPELESS = 2.0  # an algorithm this much slower than the current (median) is explored
+SPARE = 8  # only in every SPARE-th steady exploration (a ring call can cost 100 others)
+EXPLORE = 0.02  # exploring calls per call, a key's first period aside
 _FROZEN: set = set()  # keys whose capture freeze was reported
 
 
@@ -51,12 +62,22 @@ class _Key:
     chosen_median: float = 0.0  # the current algorithm's median when it was chosen
     samples: dict = field(default_factory=dict)  # algorithm -> deque of wire ns
     history: list = field(default_factory=list)  # (call, algorithm, why) decisions
+    last: str = ""  # the algorithm the key's previous call ran
+    slow: frozenset = frozenset()  # rank 0's last decision: the HOPELESS algorithms
+    explored: int = 0  # calls that ran another algorithm than `current` (first period aside)
+    deferred: bool = False  # a drift's burst waits until the budget allows it
 
 
 def on(comm) -> bool:
-    return (bool(_config.get("COMMLAB_ADAPT")) and _records.enabled()
-            and comm.world_size > 1 and comm.local is comm
-            and isinstance(comm.control, ControlBlock))
+    """Whether ``auto`` adapts on ``comm``: read once per communicator and world
+    generation (COMMLAB_ADAPT, records on, one host, more than one rank)."""
+    cached = getattr(comm, "adapt_on", None)
+    if cached is None or cached[0] != comm.generation:
+        cached = (comm.generation, bool(_config.get("COMMLAB_ADAPT")) and _records.enabled()
+                  and comm.world_size > 1 and comm.local is comm
+                  and isinstance(comm.control, ControlBlock))
+        comm.adapt_on = cached
+    return cached[1]
 
 
 def _state(comm) -> dict:
@@ -75,8 +96,31 @@ def key_for(comm, op: str, x: torch.Tensor) -> tuple:
             comm.world_size, comm.generation)
 
 
-def pick(comm, op: str, x, algorithms: tuple[str, ...]) -> str | None:
-    """The algorithm this ``auto`` call runs, or None (not adapted: the usual choice)."""
+def pick(comm, op: str, x, algorithms: tuple[str, ...]) -> tuple[str | None, bool]:
+    """The algorithm this ``auto`` call runs, or None (not adapted: the usual choice),
+    and whether it differs from the one the key's previous call ran (``fence``)."""
+    alg = _pick(comm, op, x, algorithms)
+    if alg is None or comm.backend == "cuda" and torch.cuda.is_current_stream_capturing():
+        return alg, False  # a capture replays later, between calls it cannot see
+    k = _state(comm)[key_for(comm, op, x)]
+    changed, k.last = bool(k.last) and alg != k.last, alg
+    return alg, changed
+
+
+def fence(comm) -> None:
+    """Before a call whose algorithm differs from its key's previous one, after the
+    agreement: on CUDA every rank's device meets (a one-program barrier kernel), so the
+    previous kernel has finished reading its inboxes on every rank before this one
+    pushes into the peers' (the kernels' "no trailing barrier" arguments hold only
+    between calls of one algorithm). On CPU the waiting agreement already is that
+    point: a kernel there returns when it is done."""
+    if comm.backend == "cuda":
+        from commlab.collectives.barrier import barrier_kernel  # noqa: PLC0415
+
+        barrier_kernel[(1,)](comm.context)
+
+
+def _pick(comm, op: str, x, algorithms: tuple[str, ...]) -> str | None:
     if len(algorithms) < 2 or not isinstance(x, torch.Tensor) or x.numel() == 0 or not on(comm):
         return None
     algs = tuple(a for a in algorithms if a != "copy_engine")  # chosen only in captures
@@ -97,13 +141,35 @@ def pick(comm, op: str, x, algorithms: tuple[str, ...]) -> str | None:
     if slot == 0:
         _decide(comm, key, k)
         return k.current
-    if k.burst and slot <= BURST * len(k.algorithms):
-        return k.algorithms[(slot - 1) // BURST]
-    if slot == PERIOD // 2:  # the steady exploration: the next other algorithm
-        others = [a for a in k.algorithms if a != k.current]
-        k.rounds += 1
-        return others[k.rounds % len(others)]
-    return k.current
+    alg = k.current
+    burst = _burst(k)
+    if k.burst and slot <= BURST * len(burst):
+        alg = burst[(slot - 1) // BURST]
+    elif slot == PERIOD // 2 and k.explored + 1 <= EXPLORE * k.calls:  # steady exploration
+        alg = _explore(k)
+    if alg != k.current and k.calls > PERIOD:
+        k.explored += 1
+    return alg
+
+
+def _burst(k: _Key) -> tuple[str, ...]:
+    """What a burst period measures: every algorithm in a key's first period, then the
+    current one and its contenders (the HOPELESS ones wait for a steady turn)."""
+    if k.calls <= PERIOD:
+        return k.algorithms
+    return tuple(a for a in k.algorithms if a == k.current or a not in k.slow)
+
+
+def _explore(k: _Key) -> str:
+    """The next other contender (a HOPELESS one only every SPARE-th round), or the
+    current algorithm when there is none this round."""
+    k.rounds += 1
+    others = [a for a in k.algorithms if a != k.current]
+    if k.rounds % SPARE == 0:  # the hopeless ones' turn (all others' when there is none)
+        pool = [a for a in others if a in k.slow] or others
+        return pool[k.rounds // SPARE % len(pool)]
+    pool = [a for a in others if a not in k.slow]
+    return pool[k.rounds % len(pool)] if pool else k.current
 
 
 def _frozen(key: tuple, k: _Key | None) -> str | None:
@@ -137,11 +203,12 @@ def _decide(comm, key: tuple, k: _Key) -> None:
     if comm.rank == 0:
         feed(comm)
         cur, burst, why = _judge(k)
-        ctl.set_note(_encode(k.calls, k.algorithms.index(cur), burst))
+        slow = [i for i, a in enumerate(k.algorithms) if a in _hopeless(k, cur)]
+        ctl.set_note(_encode(k.calls, k.algorithms.index(cur), burst, slow))
         if cur != k.current or why:
             k.history.append((k.calls, cur, why))
     ctl.agree(Signature("adapt", {"op": key[0], "call": k.calls}))
-    calls, index, burst_bit = _decode(ctl.note(0))
+    calls, index, burst_bit, slow_bits = _decode(ctl.note(0))
     if calls != k.calls % (1 << 40):
         from commlab.errors import CommlabError  # noqa: PLC0415
         raise CommlabError(f"{key[0]}: rank 0's online choice is for call {calls}, this "
@@ -149,7 +216,21 @@ def _decide(comm, key: tuple, k: _Key) -> None:
     new = k.algorithms[index]
     if new != k.current:
         k.chosen_median = 0.0
-    k.current, k.burst = new, bool(burst_bit)
+    k.current = new
+    k.slow = frozenset(a for i, a in enumerate(k.algorithms) if slow_bits >> i & 1)
+    # a burst may overdraw the exploration budget once; steady explorations repay it
+    want = bool(burst_bit) or k.deferred
+    k.burst = want and k.explored <= EXPLORE * k.calls
+    k.deferred = want and not k.burst
+
+
+def _hopeless(k: _Key, cur: str) -> set[str]:
+    """The algorithms whose median is over HOPELESS times ``cur``'s (rank 0)."""
+    base = _median(k, cur)
+    if base is None:
+        return set()
+    return {a for a in k.algorithms
+            if a != cur and (t := _median(k, a)) is not None and t > HOPELESS * base}
 
 
 def _judge(k: _Key) -> tuple[str, bool, str]:
@@ -177,12 +258,14 @@ def _judge(k: _Key) -> tuple[str, bool, str]:
     return k.current, False, ""
 
 
-def _encode(calls: int, index: int, burst: bool) -> int:
-    return ((calls % (1 << 40)) << 16) | (int(burst) << 8) | index
+def _encode(calls: int, index: int, burst: bool, slow: list[int]) -> int:
+    """calls: bits 16-55; slow algorithms' indices: bits 9-15; burst: bit 8; index."""
+    mask = sum(1 << i for i in slow if i < 7)
+    return ((calls % (1 << 40)) << 16) | (mask << 9) | (int(burst) << 8) | index
 
 
-def _decode(v: int) -> tuple[int, int, int]:
-    return v >> 16, v & 0xFF, (v >> 8) & 1
+def _decode(v: int) -> tuple[int, int, int, int]:
+    return v >> 16, v & 0xFF, (v >> 8) & 1, (v >> 9) & 0x7F
 
 
 def state(comm) -> dict:

@@ -86,13 +86,19 @@ def split_dim0(x: torch.Tensor, world: int) -> str:
     return ""
 
 
+# field -> the fix a mismatch error ends with, where "pass the same <field>" is not it
+FIXES = {"online": "every rank must make the same algorithm=\"auto\" calls in the same "
+                   "order (COMMLAB_ADAPT=0 turns online selection off)"}
+
+
 def agree(op_name: str, x, local_error: str, **fields) -> Call:
     """Check this call against every rank's; raise the same clear error everywhere."""
     comm = get_communicator()
     sig_fields = dict(fields)
     if isinstance(x, torch.Tensor):
         sig_fields = {"shape": tuple(x.shape), "dtype": dtype_name(x.dtype), **sig_fields}
-    sig = Signature(op_name, sig_fields, local_error)
+    sig = Signature(op_name, sig_fields, local_error,
+                    {k: FIXES[k] for k in sig_fields if k in FIXES})
     seq = comm.control.agree(sig)
     return Call(comm, op_name, x, seq, sig)
 

@@ -61,17 +61,23 @@ def run(coll: Collective, x, algorithm: str = "auto", *params) -> torch.Tensor:
         return _across.run(coll.name, x, algorithm, *params)
     key: tuple | None = None
     asked = algorithm
+    online: dict = {}
+    fence = False
     if algorithm == "auto":  # online selection: the algorithm every rank runs this call
-        algorithm = _adapt.pick(comm, coll.name, x, tuple(coll.bodies)) or "auto"
+        picked, fence = _adapt.pick(comm, coll.name, x, tuple(coll.bodies))
+        if picked is not None:
+            algorithm, online = picked, {"online": picked}
     if isinstance(x, torch.Tensor):
         key = (coll.name, x.shape, x.dtype, x.device, *params, algorithm)
-        if not (coll.capture_choice and capturing_auto(comm, algorithm)):
+        if not (fence or coll.capture_choice and capturing_auto(comm, algorithm)):
             out = fast_call(comm, key, x)
             if out is not None:
                 return out
     fields = dict(zip(coll.params, params, strict=True))
     err = check_local(comm, x, algorithm, coll.algorithms, fields, coll.shape_rule)
-    call = agree(coll.name, x, err, **fields, algorithm=asked)
+    # an online pick is agreed as its own field: calls running different kernels never
+    # publish the same signature, so none runs ahead as a repeat of another (_adapt)
+    call = agree(coll.name, x, err, **fields, algorithm=asked, **online)
     x = call.x.contiguous()
     make_out = coll.output(comm.world_size)
     out = make_out(x)
@@ -83,6 +89,8 @@ def run(coll: Collective, x, algorithm: str = "auto", *params) -> torch.Tensor:
         algorithm = choose(comm, coll.name, x.dtype, nbytes, tuple(coll.bodies))
     body = coll.bodies[algorithm]
     args = tuple(OPS[v] if k == "op" else v for k, v in fields.items())
+    if fence:  # another algorithm than this key's previous call: every rank agreed on it
+        _adapt.fence(comm)
     launched: list = []
     with traced(coll.name, nbytes, algorithm, comm.device, x, comm):
         body(comm, x.view(-1), out.view(-1), *args, launched)

@@ -41,8 +41,11 @@ BUS = {"all_reduce": lambda w: 2 * (w - 1) / w, "all_gather": lambda w: (w - 1) 
        "broadcast": lambda w: 1.0}
 
 
+_ENABLED = bool(_config.get("COMMLAB_RECORDS"))  # read at import, as the kernels' switch
+
+
 def enabled() -> bool:
-    return bool(_config.get("COMMLAB_RECORDS"))
+    return _ENABLED
 
 
 def launched(n: int = 1) -> None:
