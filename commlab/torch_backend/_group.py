@@ -15,9 +15,11 @@ from collections import Counter
 
 import torch
 import torch.distributed as dist
+from torch._C import _distributed_c10d as _c10d  # has AllgatherOptions (dist lacks it)
+from torch._C._autograd import _profiler_enabled
 
 from commlab import trace
-from commlab.runtime._control import call_timeout
+from commlab.runtime._control import CALL_TIMEOUT
 from commlab.torch_backend import _build, _native, _profile
 from commlab.torch_backend._fallback import Fallback
 from commlab.torch_backend._reduce import op_name
@@ -29,11 +31,12 @@ _CALL = threading.local()  # the call in progress on this thread: (method, event
 
 
 def _traced(event: str, inputs=lambda args: args[0]):
-    """Around every method: remember the call for its profiler event ``commlab:<event>``
+    """Around every method: remember the call for its profiler event ``commlab:<op>``
     (``_fb``'s Works take the name; ``_done`` records a native call's, with the shapes of
     ``inputs(args)``), the group's timeout over its waits, and a "dist" span (waiting
     for late ranks included) while a ``commlab.trace`` records: what ``commlab.watch``
-    counts as communication."""
+    counts as communication. Without a profiler or a trace it costs two saved and
+    restored globals (no context manager per call)."""
 
     def decorate(method):
         name = method.__name__.lstrip("_")
@@ -46,14 +49,18 @@ def _traced(event: str, inputs=lambda args: args[0]):
                 raise CommlabUsageError(f"dist.{name}: {self.retired}")
             before = getattr(_CALL, "call", None)
             _CALL.call = (name, event, inputs, args)
+            limit = CALL_TIMEOUT[0]  # call_timeout(self.timeout_s), inlined
+            CALL_TIMEOUT[0] = self.timeout_s
             try:
-                with call_timeout(self.timeout_s), \
-                        trace.event_named_outside() if _profile.enabled() else _NO_EVENT:
+                if not (_profiler_enabled() or trace.is_recording()):
+                    return method(self, *args, **kwargs)
+                with trace.event_named_outside() if _profile.enabled() else _NO_EVENT:
                     if not trace.is_recording():
                         return method(self, *args, **kwargs)
                     with trace.span(name, kind="dist"):
                         return method(self, *args, **kwargs)
             finally:
+                CALL_TIMEOUT[0] = limit
                 _CALL.call = before
 
         return wrapper
@@ -123,12 +130,10 @@ class CommlabProcessGroup(dist.ProcessGroup):
         """The Communicator when these tensors run on commlab's kernels, else None."""
         if not self.spans_world:
             return None
-        comm = self.communicator()
-        kind = comm.device.type
-        for t in _tensors(tensors):
-            if t.device.type != kind or t.layout != torch.strided:  # sparse: gloo's
-                return None
-        return comm
+        comm = self._comm
+        if comm is None or comm.closed:
+            comm = self.communicator()
+        return comm if _dense_on(comm.device.type, tensors) else None
 
     def _done(self, result, comm):
         """The Work of a call that ran on commlab's kernels (and its profiler event)."""
@@ -181,7 +186,7 @@ class CommlabProcessGroup(dist.ProcessGroup):
 
     @_traced("all_gather", lambda a: a[1])
     def allgather(self, output_lists, inputs, opts=None):
-        opts = opts or dist.AllgatherOptions()
+        opts = opts or _c10d.AllgatherOptions()
         comm = self._native(output_lists, inputs)
         if comm is None:
             return self._fb(inputs).allgather(output_lists, inputs, opts)
@@ -191,7 +196,7 @@ class CommlabProcessGroup(dist.ProcessGroup):
 
     @_traced("all_gather_into_tensor", lambda a: [a[1]])
     def all_gather_single(self, output, inp, opts=None):
-        opts = opts or dist.AllgatherOptions()
+        opts = opts or _c10d.AllgatherOptions()
         comm = self._native(output, inp)
         if comm is None:
             return self._fb(inp)._allgather_base(output, inp, opts)
@@ -202,7 +207,7 @@ class CommlabProcessGroup(dist.ProcessGroup):
 
     @_traced("all_gather_into_tensor_coalesced", lambda a: a[1])
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
-        opts = opts or dist.AllgatherOptions()
+        opts = opts or _c10d.AllgatherOptions()
         comm = self._native(outputs, inputs)
         if comm is None:
             pg = self._fb(inputs)
@@ -341,7 +346,7 @@ class CommlabProcessGroup(dist.ProcessGroup):
 
     @_traced("all_gather", lambda a: a[1])
     def allgather_coalesced(self, output_lists, inputs, opts=None):
-        opts = opts or dist.AllgatherOptions()
+        opts = opts or _c10d.AllgatherOptions()
         comm = self._native(output_lists, inputs)
         if comm is None:
             return self._fb(inputs).allgather_coalesced(output_lists, inputs, opts)
@@ -393,6 +398,18 @@ def _tensors(items):
             yield x
         elif isinstance(x, (list, tuple)):
             yield from _tensors(x)
+
+
+def _dense_on(kind: str, items) -> bool:
+    """Whether every tensor in ``items`` (nested lists) is strided on device type ``kind``
+    (sparse tensors are gloo's)."""
+    for x in items:
+        if isinstance(x, torch.Tensor):
+            if x.device.type != kind or x.layout != torch.strided:
+                return False
+        elif isinstance(x, (list, tuple)) and not _dense_on(kind, x):
+            return False
+    return True
 
 
 def _even(splits, t: torch.Tensor, world: int) -> bool:
