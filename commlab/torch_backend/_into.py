@@ -4,8 +4,11 @@ torch's collectives name their output (``all_gather_into_tensor(out, inp)``, ...
 backend hands that tensor to the collective's kernels as their output whenever they may
 write it directly: the output is contiguous and its memory is apart from the input's
 (an input that is a slice of the output, as FSDP passes, takes the copying path).
-Broadcast runs in place on the CPU backend, where its kernel and host twin read the
-input only on the source, before writing the same elements. Each runner publishes a local
+All-reduce and broadcast run in place on the CPU backend: their kernels and host twins
+read every input element before writing that element of the output (two-shot's and
+one-shot's pushes precede their writes; ring stages the input; the host twins' reduction
+takes a temporary when the output is a later operand). On CUDA they still return a new
+tensor that is copied back, until a GPU check has run them in place. Each runner publishes a local
 error through the agreement, as the public collectives do.
 """
 
@@ -15,6 +18,7 @@ import torch
 
 from commlab.collectives._host import run
 from commlab.collectives.all_gather import ALL_GATHER
+from commlab.collectives.all_reduce import ALL_REDUCE
 from commlab.collectives.all_to_all import ALL_TO_ALL
 from commlab.collectives.broadcast import BROADCAST
 from commlab.collectives.reduce_scatter import REDUCE_SCATTER
@@ -27,6 +31,12 @@ def writable(out: torch.Tensor, inp: torch.Tensor) -> bool:
         return False
     a, b = out.data_ptr(), inp.data_ptr()
     return a + out.nbytes <= b or b + inp.nbytes <= a
+
+
+@publishes_local_errors("all_reduce")
+def all_reduce_(x: torch.Tensor, op: str, algorithm: str) -> torch.Tensor:
+    """The reduction of every rank's ``x`` into ``x`` (CPU backend)."""
+    return run(ALL_REDUCE, x, algorithm, op, out=x)
 
 
 @publishes_local_errors("all_gather")

@@ -65,10 +65,15 @@ def exchange_rows(comm, t: torch.Tensor) -> torch.Tensor:
 
 def all_reduce_(comm, t: torch.Tensor, name: str, algorithm: str = "auto") -> None:
     if in_kernel(name, t.dtype):
-        y = all_reduce(t, op="sum" if name == "avg" else name, algorithm=algorithm)
+        kernel_op = "sum" if name == "avg" else name
+        if comm.backend == "cpu" and t.is_contiguous():
+            y = _into.all_reduce_(t, kernel_op, algorithm)
+        else:
+            y = all_reduce(t, op=kernel_op, algorithm=algorithm)
         if name == "avg":
             y = finish_avg(y, comm.world_size)
-        t.copy_(y)
+        if y.data_ptr() != t.data_ptr():  # not reduced in place (or AVG on integers)
+            t.copy_(y)
         return
     agree(comm, "dist.all_reduce", dtype=_dt(t.dtype), shape=tuple(t.shape), op=name)
     t.copy_(reduce_rows(gather_rows(comm, t), name))
