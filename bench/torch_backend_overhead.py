@@ -6,13 +6,17 @@ call on the same tensor, CPU ranks, side by side in one run (issue 29 item 3: at
 Spawns ``--world`` CPU ranks. For each op and size (``bytes`` as nccl-tests counts them:
 all_gather's output, the others' input; rounded up to whole fp32 pieces per rank) the
 direct call (``commlab:auto``: ``commlab.all_reduce(x)``, ...) and the backend's
-(``torch-backend:commlab``: ``dist.all_reduce(x)``, ``dist.all_gather_into_tensor(out, x)``,
-``dist.reduce_scatter_tensor``, ``dist.broadcast``, ``dist.all_to_all_single``) are
+(``torch-backend:commlab``: ``dist.all_reduce(x)``, ``dist.all_gather_single(out, x)``,
+``dist.reduce_scatter_single``, ``dist.broadcast``, ``dist.all_to_all_single``; torch 2.13's
+names of ``all_gather_into_tensor`` and ``reduce_scatter_tensor``, whose old names also
+pay a FutureWarning per call) are
 checked against gloo on fresh random data, then timed interleaved after warm-up:
 ``--reps`` rounds, each ``--iters`` back-to-back calls of one impl then of the other; an
 impl's time is the median round of the slowest rank. Writes the records to
-``bench/results/cpu-torch-backend-overhead-w<W>.json`` and the table with the ratio
-(backend / direct) beside it (``.txt``); ``--profile TAG`` also writes rank 0's cProfile
+``bench/results/cpu-torch-backend-overhead-w<W>.json`` and the table beside it (``.txt``)
+with two ratios: backend / direct of those medians, and the median over rounds of each
+backend round / the direct round next to it (drift on a shared box cancels), the slowest
+rank's; ``--profile TAG`` also writes rank 0's cProfile
 of the backend's calls to ``bench/results/profiles/cpu-torch-backend-TAG-w<W>.txt``.
 """
 
@@ -37,6 +41,9 @@ OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
 SIZES = (8, 1 << 10, 64 << 10, 1 << 20)  # total bytes (fp32)
 IMPLS = ("commlab:auto", "torch-backend:commlab")
 PROFILE_BYTES = (8, 64 << 10)
+# torch 2.13's names (the *_tensor names are deprecated aliases that warn on every call)
+_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 def _elems(op: str, nbytes: int, world: int) -> int:
@@ -60,11 +67,11 @@ def _calls(op: str, n: int, world: int, groups: dict, x: torch.Tensor):
             return x
         if op == "all_gather":
             out = x.new_empty(n)
-            dist.all_gather_into_tensor(out, x, group=group)
+            _ALL_GATHER(out, x, group=group)
             return out
         if op == "reduce_scatter":
             out = x.new_empty(part)
-            dist.reduce_scatter_tensor(out, x, group=group)
+            _REDUCE_SCATTER(out, x, group=group)
             return out
         out = torch.empty_like(x)
         dist.all_to_all_single(out, x, group=group)
@@ -145,7 +152,7 @@ def bench(comm, sizes: tuple, iters: int, reps: int, profile_calls: int) -> dict
     world, rank = dist.get_world_size(), dist.get_rank()
     gen = torch.Generator().manual_seed(1234 + rank)
     device, commit = f"cpu ({os.cpu_count()} cores)", git_commit(ROOT)
-    records = []
+    records, ratios = [], {}
     for op in OPS:
         for nbytes in sizes:
             n = _elems(op, nbytes, world)
@@ -162,6 +169,10 @@ def bench(comm, sizes: tuple, iters: int, reps: int, profile_calls: int) -> dict
                 for impl in (IMPLS if r % 2 == 0 else IMPLS[::-1]):
                     times[impl].append(_round_us(fns[impl], iters, groups["gloo"]))
             comm.synchronize()
+            paired = statistics.median(b / d for d, b in zip(*times.values(), strict=True))
+            worst = torch.tensor([paired], dtype=torch.float64)
+            dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=groups["gloo"])
+            ratios[(op, n * 4)] = float(worst)
             for impl in IMPLS:
                 worst = torch.tensor([statistics.median(times[impl])], dtype=torch.float64)
                 dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=groups["gloo"])
@@ -172,18 +183,22 @@ def bench(comm, sizes: tuple, iters: int, reps: int, profile_calls: int) -> dict
     prof = _profile(world, rank, groups, profile_calls) if profile_calls else ""
     dist.barrier(group=groups["gloo"])
     dist.destroy_process_group()
-    return {"records": [r.__dict__ for r in records], "profile": prof} if rank == 0 else {}
+    return ({"records": [r.__dict__ for r in records], "ratios": ratios, "profile": prof}
+            if rank == 0 else {})
 
 
-def table(records: list[dict]) -> str:
-    """One line per op and size: both impls' µs per call and backend / direct."""
+def table(records: list[dict], ratios: dict) -> str:
+    """One line per op and size: both impls' µs per call, backend / direct of those, and
+    the median of the paired rounds' ratios."""
     by = {(r["op"], r["bytes"], r["impl"]): r["time_us"] for r in records}
-    lines = [f"{'op':<15}{'bytes':>9}  {'direct us':>10}  {'backend us':>10}  {'ratio':>6}"]
+    lines = [f"{'op':<15}{'bytes':>9}  {'direct us':>10}  {'backend us':>10}  {'ratio':>6}"
+             f"  {'paired':>6}"]
     for op, nbytes, impl in by:
         if impl != IMPLS[0]:
             continue
         d, b = by[(op, nbytes, IMPLS[0])], by[(op, nbytes, IMPLS[1])]
-        lines.append(f"{op:<15}{nbytes:>9}  {d:>10.1f}  {b:>10.1f}  {b / d:>6.2f}")
+        lines.append(f"{op:<15}{nbytes:>9}  {d:>10.1f}  {b:>10.1f}  {b / d:>6.2f}"
+                     f"  {ratios[(op, nbytes)]:>6.2f}")
     return "\n".join(lines)
 
 
@@ -207,7 +222,7 @@ def main() -> None:
                     args=(sizes, a.iters, a.reps, a.profile_calls if a.profile else 0),
                     init=False, timeout=1800, env=env)[0]
     records = got["records"]
-    text = table(records)
+    text = table(records, got["ratios"])
     print(text)
     results = ROOT / "bench" / "results"
     out = Path(a.out) if a.out else results / f"cpu-torch-backend-overhead-w{a.world}.json"

@@ -23,7 +23,7 @@ from commlab.runtime._control import CALL_TIMEOUT
 from commlab.torch_backend import _build, _native, _profile
 from commlab.torch_backend._fallback import Fallback
 from commlab.torch_backend._reduce import op_name
-from commlab.torch_backend._work import completed
+from commlab.torch_backend._work import FINISHED, completed
 
 ROUTES: Counter = Counter()  # (route, method) -> calls; route "kernel" or "fallback"
 _NO_EVENT = contextlib.nullcontext()  # no profiler: nothing to name (one C call to ask)
@@ -135,12 +135,16 @@ class CommlabProcessGroup(dist.ProcessGroup):
             comm = self.communicator()
         return comm if _dense_on(comm.device.type, tensors) else None
 
-    def _done(self, result, comm):
-        """The Work of a call that ran on commlab's kernels (and its profiler event)."""
+    def _done(self, result, comm, opts):
+        """The Work of a call that ran on commlab's kernels (and its profiler event). A
+        blocking call (``opts.asyncOp`` False: torch only calls its ``wait()``, and the
+        kernels already ran on the caller's stream) gets the one shared finished Work."""
         call = _route("kernel")
         if call is not None and _profile.enabled():
             _, event, inputs, args = call
             _profile.record(f"commlab:{event}", _flat(inputs(args)))
+        if opts is not None and not opts.asyncOp:
+            return FINISHED
         return completed(result, comm.device)
 
     def _fb(self, *tensors):
@@ -161,7 +165,7 @@ class CommlabProcessGroup(dist.ProcessGroup):
         name = op_name(opts.reduceOp)
         for t in tensors:
             _native.all_reduce_(comm, t, name, self.all_reduce_algorithm)
-        return self._done(tensors, comm)
+        return self._done(tensors, comm, opts)
 
     @_traced("all_reduce")
     def allreduce_coalesced(self, tensors, opts=None):
@@ -172,7 +176,7 @@ class CommlabProcessGroup(dist.ProcessGroup):
         name = op_name(opts.reduceOp)
         for t in tensors:
             _native.all_reduce_(comm, t, name, self.all_reduce_algorithm)
-        return self._done(tensors, comm)
+        return self._done(tensors, comm, opts)
 
     @_traced("broadcast")
     def broadcast(self, tensors, opts=None):
@@ -182,7 +186,7 @@ class CommlabProcessGroup(dist.ProcessGroup):
             return self._fb(tensors).broadcast(tensors, opts)
         for t in tensors:
             _native.broadcast_(comm, t, opts.rootRank)
-        return self._done(tensors, comm)
+        return self._done(tensors, comm, opts)
 
     @_traced("all_gather", lambda a: a[1])
     def allgather(self, output_lists, inputs, opts=None):
@@ -192,7 +196,7 @@ class CommlabProcessGroup(dist.ProcessGroup):
             return self._fb(inputs).allgather(output_lists, inputs, opts)
         for outs, inp in zip(output_lists, inputs, strict=True):
             _native.all_gather_list_(comm, outs, inp)
-        return self._done(output_lists, comm)
+        return self._done(output_lists, comm, opts)
 
     @_traced("all_gather_into_tensor", lambda a: [a[1]])
     def all_gather_single(self, output, inp, opts=None):
@@ -201,7 +205,7 @@ class CommlabProcessGroup(dist.ProcessGroup):
         if comm is None:
             return self._fb(inp)._allgather_base(output, inp, opts)
         _native.all_gather_into_(comm, output, inp)
-        return self._done([output], comm)
+        return self._done([output], comm, opts)
 
     _allgather_base = all_gather_single
 
@@ -214,7 +218,7 @@ class CommlabProcessGroup(dist.ProcessGroup):
             return pg.allgather_into_tensor_coalesced(outputs, inputs, opts)
         for out, inp in zip(outputs, inputs, strict=True):
             _native.all_gather_into_(comm, out, inp)
-        return self._done(outputs, comm)
+        return self._done(outputs, comm, opts)
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
@@ -233,7 +237,7 @@ class CommlabProcessGroup(dist.ProcessGroup):
                               f"world size ({comm.world_size}) tensors")
             flat = torch.cat([t.reshape(-1) for t in ins])
             _native.reduce_scatter_into_(comm, out, flat, name)
-        return self._done(outputs, comm)
+        return self._done(outputs, comm, opts)
 
     @_traced("reduce_scatter_tensor", lambda a: [a[1]])
     def reduce_scatter_single(self, output, inp, opts=None):
@@ -242,7 +246,7 @@ class CommlabProcessGroup(dist.ProcessGroup):
         if comm is None:
             return self._fb(inp)._reduce_scatter_base(output, inp, opts)
         _native.reduce_scatter_into_(comm, output, inp, op_name(opts.reduceOp))
-        return self._done([output], comm)
+        return self._done([output], comm, opts)
 
     _reduce_scatter_base = reduce_scatter_single
 
@@ -256,7 +260,7 @@ class CommlabProcessGroup(dist.ProcessGroup):
         name = op_name(opts.reduceOp)
         for out, inp in zip(outputs, inputs, strict=True):
             _native.reduce_scatter_into_(comm, out, inp, name)
-        return self._done(outputs, comm)
+        return self._done(outputs, comm, opts)
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
@@ -269,7 +273,7 @@ class CommlabProcessGroup(dist.ProcessGroup):
             pg = self._fb(inp)
             return pg.alltoall_base(output, inp, output_splits, input_splits, opts)
         _native.all_to_all_even_(comm, output, inp)
-        return self._done([output], comm)
+        return self._done([output], comm, opts)
 
     alltoall_base = all_to_all_single
 
@@ -285,7 +289,7 @@ class CommlabProcessGroup(dist.ProcessGroup):
         _native.all_to_all_even_(comm, out, torch.cat([t.reshape(-1) for t in inputs]))
         for o, piece in zip(outputs, out.chunk(len(outputs)), strict=True):
             o.copy_(piece.view(o.shape))
-        return self._done(outputs, comm)
+        return self._done(outputs, comm, opts)
 
     @_traced("barrier", lambda a: [])
     def barrier(self, opts=None):
@@ -295,7 +299,7 @@ class CommlabProcessGroup(dist.ProcessGroup):
         from commlab.collectives import barrier
 
         barrier()
-        return self._done([], comm)
+        return self._done([], comm, opts)
 
     # -- through the fallback group -----------------------------------------------------
     @_traced("send")
@@ -320,7 +324,7 @@ class CommlabProcessGroup(dist.ProcessGroup):
         name = op_name(opts.reduceOp)
         for t in tensors:
             _native.reduce_(comm, t, name, opts.rootRank, self.all_reduce_algorithm)
-        return self._done(tensors, comm)
+        return self._done(tensors, comm, opts)
 
     @_traced("gather", lambda a: a[1])
     def gather(self, output_lists, inputs, opts=None):
@@ -331,7 +335,7 @@ class CommlabProcessGroup(dist.ProcessGroup):
         for i, inp in enumerate(inputs):
             outs = output_lists[i] if i < len(output_lists) else []
             _native.gather_(comm, outs, inp, opts.rootRank)
-        return self._done(output_lists, comm)
+        return self._done(output_lists, comm, opts)
 
     @_traced("scatter", lambda a: a[1] if a[1] else a[0])
     def scatter(self, outputs, input_lists, opts=None):
@@ -342,7 +346,7 @@ class CommlabProcessGroup(dist.ProcessGroup):
         for i, out in enumerate(outputs):
             ins = input_lists[i] if i < len(input_lists) else []
             _native.scatter_(comm, out, ins, opts.rootRank)
-        return self._done(outputs, comm)
+        return self._done(outputs, comm, opts)
 
     @_traced("all_gather", lambda a: a[1])
     def allgather_coalesced(self, output_lists, inputs, opts=None):
@@ -357,7 +361,7 @@ class CommlabProcessGroup(dist.ProcessGroup):
                           f"{len(inputs)} tensors each (one per input)")
         for i, inp in enumerate(inputs):
             _native.all_gather_list_(comm, [o[i] for o in output_lists], inp)
-        return self._done(output_lists, comm)
+        return self._done(output_lists, comm, opts)
 
     @_traced("monitored_barrier", lambda a: [])
     def monitored_barrier(self, timeout=None, wait_all_ranks: bool = False):

@@ -5,7 +5,9 @@ call returns), so the Work is complete at once. On CPU it is a ``Done``: nothing
 result until someone asks for its future (DDP, ``async_op=True`` callers), which is then
 made once; a sync ``dist.*`` call only calls ``wait()``. On CUDA the Work's Future records
 an event on the current stream when the call returns, so ``wait()`` and ``get_future()``
-callbacks order later work after the kernels exactly as NCCL's Work does.
+callbacks order later work after the kernels exactly as NCCL's Work does. A blocking
+``dist.*`` call (``async_op=False``) only waits on its Work, so it gets ``FINISHED``, one
+shared finished Work, on either device.
 """
 
 from __future__ import annotations
@@ -46,6 +48,9 @@ class Done(dist.Work):
 
     def result(self):
         return self._result
+
+
+FINISHED = Done(None)  # what every blocking call returns (torch only waits on it)
 
 
 def completed(result, device: torch.device | None = None) -> dist.Work:
