@@ -24,9 +24,11 @@ from commlab.torch_backend import _build, _native, _profile
 from commlab.torch_backend._fallback import Fallback
 from commlab.torch_backend._reduce import op_name
 from commlab.torch_backend._work import FINISHED, completed
+from commlab.trace import RECORDER as _RECORDER
 
 ROUTES: Counter = Counter()  # (route, method) -> calls; route "kernel" or "fallback"
 _NO_EVENT = contextlib.nullcontext()  # no profiler: nothing to name (one C call to ask)
+_STRIDED = torch.strided
 _CALL = threading.local()  # the call in progress on this thread: (method, event, inputs)
 
 
@@ -52,7 +54,7 @@ def _traced(event: str, inputs=lambda args: args[0]):
             limit = CALL_TIMEOUT[0]  # call_timeout(self.timeout_s), inlined
             CALL_TIMEOUT[0] = self.timeout_s
             try:
-                if not (_profiler_enabled() or trace.is_recording()):
+                if not (_profiler_enabled() or _RECORDER.active):
                     return method(self, *args, **kwargs)
                 with trace.event_named_outside() if _profile.enabled() else _NO_EVENT:
                     if not trace.is_recording():
@@ -139,10 +141,12 @@ class CommlabProcessGroup(dist.ProcessGroup):
         """The Work of a call that ran on commlab's kernels (and its profiler event). A
         blocking call (``opts.asyncOp`` False: torch only calls its ``wait()``, and the
         kernels already ran on the caller's stream) gets the one shared finished Work."""
-        call = _route("kernel")
-        if call is not None and _profile.enabled():
-            _, event, inputs, args = call
-            _profile.record(f"commlab:{event}", _flat(inputs(args)))
+        call = getattr(_CALL, "call", None)
+        if call is not None:
+            ROUTES[("kernel", call[0])] += 1
+            if _profiler_enabled():
+                _, event, inputs, args = call
+                _profile.record(f"commlab:{event}", _flat(inputs(args)))
         if opts is not None and not opts.asyncOp:
             return FINISHED
         return completed(result, comm.device)
@@ -406,10 +410,11 @@ def _tensors(items):
 
 def _dense_on(kind: str, items) -> bool:
     """Whether every tensor in ``items`` (nested lists) is strided on device type ``kind``
-    (sparse tensors are gloo's)."""
+    ("cpu" or "cuda", a Communicator's; sparse tensors are gloo's)."""
+    cuda = kind == "cuda"
     for x in items:
         if isinstance(x, torch.Tensor):
-            if x.device.type != kind or x.layout != torch.strided:
+            if not (x.is_cuda if cuda else x.is_cpu) or x.layout is not _STRIDED:
                 return False
         elif isinstance(x, (list, tuple)) and not _dense_on(kind, x):
             return False
