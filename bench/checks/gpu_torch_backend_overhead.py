@@ -75,38 +75,38 @@ def _checks(dev, world: int, rank: int, gloo) -> list[tuple[str, bool, str]]:
             m = n * world  # split ops: whole pieces per rank
             for name, red in (("sum", dist.ReduceOp.SUM), ("avg", dist.ReduceOp.AVG)):
                 host = torch.randn(n, generator=gen).to(dtype)
-                t = host.to(dev)
+                t = host.to(dev, copy=True)
                 dist.all_reduce(t, op=red)
                 out.append(_close(f"all_reduce {name} {dtype} n={n}", t, ref("all_reduce", host,
                                                                          red=red), tol))
                 host = torch.randn(m, generator=gen).to(dtype)
                 o = torch.empty(n, dtype=dtype, device=dev)
-                dist.reduce_scatter_tensor(o, host.to(dev), op=red)
+                dist.reduce_scatter_tensor(o, host.to(dev, copy=True), op=red)
                 out.append(_close(f"reduce_scatter_tensor {name} {dtype} n={m}", o,
                                   ref("reduce_scatter", host, red=red), tol))
             host = torch.randn(n, generator=gen).to(dtype)
             o = torch.empty(m, dtype=dtype, device=dev)
-            dist.all_gather_into_tensor(o, host.to(dev))
+            dist.all_gather_into_tensor(o, host.to(dev, copy=True))
             out.append(_close(f"all_gather_into_tensor {dtype} n={n}", o,
                               ref("all_gather", host), tol))
             o = torch.zeros(m, dtype=dtype, device=dev)  # FSDP: the input is our slice
-            o[rank * n:(rank + 1) * n] = host.to(dev)
+            o[rank * n:(rank + 1) * n] = host.to(dev, copy=True)
             dist.all_gather_into_tensor(o, o[rank * n:(rank + 1) * n])
             out.append(_close(f"all_gather_into_tensor input-in-output {dtype} n={n}", o,
                               ref("all_gather", host), tol))
-            t = host.to(dev)
+            t = host.to(dev, copy=True)
             dist.broadcast(t, src=world - 1)
             out.append(_close(f"broadcast {dtype} n={n}", t, ref("broadcast", host,
                                                                  src=world - 1), tol))
             host = torch.randn(m, generator=gen).to(dtype)
             o = torch.empty(m, dtype=dtype, device=dev)
-            dist.all_to_all_single(o, host.to(dev))
+            dist.all_to_all_single(o, host.to(dev, copy=True))
             out.append(_close(f"all_to_all_single {dtype} n={m}", o, ref("all_to_all", host),
                               tol))
     # async Works on a side stream: wait() orders the caller's stream after the kernels
     host = torch.randn(4099, generator=gen)
     side = torch.cuda.Stream(dev) if dev.type == "cuda" else None
-    t = host.to(dev)
+    t = host.to(dev, copy=True)
     _sync(dev)
     with torch.cuda.stream(side) if side is not None else _nothing():
         work = dist.all_reduce(t, async_op=True)
