@@ -33,7 +33,7 @@ _CALL = threading.local()  # the call in progress on this thread: (method, event
 
 
 def _traced(event: str, inputs=lambda args: args[0]):
-    """Around every method: remember the call for its profiler event ``commlab:<op>``
+    """Around every method: remember the call for its profiler event ``commlab:<event>``
     (``_fb``'s Works take the name; ``_done`` records a native call's, with the shapes of
     ``inputs(args)``), the group's timeout over its waits, and a "dist" span (waiting
     for late ranks included) while a ``commlab.trace`` records: what ``commlab.watch``
