@@ -85,23 +85,27 @@ def _ddp_step_us(group, device, gloo, width: int, steps: int) -> tuple[float, li
 
 def _layer_cost(device, name, commit, W, calls: int) -> list:
     """The backend's own host time per dist.all_reduce: the call's time minus the time
-    inside commlab.all_reduce (timed around it in the same calls; the median of each)."""
+    inside commlab's all-reduce (timed around it in the same calls; the median of each):
+    ``_native.all_reduce``, or on CPU the in-place ``_into.all_reduce_``."""
     from commlab.bench._records import Record
-    from commlab.torch_backend import _native
+    from commlab.torch_backend import _into, _native
 
-    inner_fn, inside = _native.all_reduce, []
+    inner_fns, inside = (_native.all_reduce, _into.all_reduce_), []
 
-    def timed_inner(*a, **k):
-        t0 = time.perf_counter()
-        try:
-            return inner_fn(*a, **k)
-        finally:
-            inside.append(time.perf_counter() - t0)
+    def timed(inner_fn):
+        def timed_inner(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return inner_fn(*a, **k)
+            finally:
+                inside.append(time.perf_counter() - t0)
+
+        return timed_inner
 
     out = []
     for nbytes in SIZES:
         x = torch.zeros(nbytes // 4, device=device)
-        _native.all_reduce = timed_inner
+        _native.all_reduce, _into.all_reduce_ = map(timed, inner_fns)
         try:
             layer = []
             for _ in range(calls):
@@ -111,7 +115,7 @@ def _layer_cost(device, name, commit, W, calls: int) -> list:
                 total = time.perf_counter() - t0
                 layer.append((total - inside[-1]) * 1e6)
         finally:
-            _native.all_reduce = inner_fn
+            _native.all_reduce, _into.all_reduce_ = inner_fns
         out.append(Record.measured(op="all_reduce", impl="dist:commlab-layer", dtype="float32",
                                    nbytes=nbytes, world_size=W,
                                    time_us=statistics.median(layer), device=name,

@@ -94,7 +94,10 @@ def reduce_into(out: torch.Tensor, parts: list[torch.Tensor], op: int) -> None:
     if len(parts) == 1:
         hostmem.store_cast(out, parts[0].to(acc_dtype))
         return
-    if out.dtype == acc_dtype and out.is_contiguous():  # accumulate in place: no temporary
+    # accumulate in place (no temporary) unless a later part is ``out`` itself (an
+    # all-reduce run in place: the first combine may read it, later ones would not)
+    if (out.dtype == acc_dtype and out.is_contiguous()
+            and all(p.data_ptr() != out.data_ptr() for p in parts[2:])):
         acc = out
         _combine(parts[0], parts[1], op, acc)
     else:

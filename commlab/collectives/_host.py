@@ -54,11 +54,14 @@ class Collective:
         return ("auto", *self.bodies)
 
 
-def run(coll: Collective, x, algorithm: str = "auto", *params) -> torch.Tensor:
-    """Run ``coll`` on ``x`` on every rank; ``params`` in ``coll.params``' order."""
+def run(coll: Collective, x, algorithm: str = "auto", *params, out=None) -> torch.Tensor:
+    """Run ``coll`` on ``x`` on every rank; ``params`` in ``coll.params``' order. ``out``
+    (the torch backend's): a contiguous tensor of the output's dtype and size to write
+    instead of a new one; the caller checked that and that it may alias ``x``."""
     comm = get_communicator()
     if _across.spans_hosts(comm):  # commlab inside each host, torch.distributed between
-        return _across.run(coll.name, x, algorithm, *params)
+        y = _across.run(coll.name, x, algorithm, *params)
+        return y if out is None else out.view(y.shape).copy_(y)
     key: tuple | None = None
     asked = algorithm
     online: dict = {}
@@ -70,9 +73,9 @@ def run(coll: Collective, x, algorithm: str = "auto", *params) -> torch.Tensor:
     if isinstance(x, torch.Tensor):
         key = (coll.name, x.shape, x.dtype, x.device, *params, algorithm)
         if not (fence or coll.capture_choice and capturing_auto(comm, algorithm)):
-            out = fast_call(comm, key, x)
-            if out is not None:
-                return out
+            y = fast_call(comm, key, x, out)
+            if y is not None:
+                return y
     fields = dict(zip(coll.params, params, strict=True))
     err = check_local(comm, x, algorithm, coll.algorithms, fields, coll.shape_rule)
     # an online pick is agreed as its own field: calls running different kernels never
@@ -80,7 +83,8 @@ def run(coll: Collective, x, algorithm: str = "auto", *params) -> torch.Tensor:
     call = agree(coll.name, x, err, **fields, algorithm=asked, **online)
     x = call.x.contiguous()
     make_out = coll.output(comm.world_size)
-    out = make_out(x)
+    if out is None:
+        out = make_out(x)
     if x.numel() == 0:
         return out
     # the total size, as nccl-tests counts it: all_gather's output, reduce_scatter's input

@@ -37,8 +37,9 @@ class Plan:
     slow: Callable[[torch.Tensor, torch.Tensor], object]  # the ordinary path
 
 
-def fast_call(comm, key: tuple, x) -> torch.Tensor | None:
-    """Run the cached plan for ``key`` if there is one; None means "take the slow path"."""
+def fast_call(comm, key: tuple, x, out=None) -> torch.Tensor | None:
+    """Run the cached plan for ``key`` if there is one (into ``out`` when given); None
+    means "take the slow path"."""
     try:
         plan = comm.plans.get(key)
     except TypeError:  # an unhashable parameter (op=["sum"]): the checks will refuse it
@@ -46,7 +47,8 @@ def fast_call(comm, key: tuple, x) -> torch.Tensor | None:
     if plan is None or not x.is_contiguous():
         return None
     comm.control.agree(plan.sig, plan.raw, ahead=True)
-    out = plan.make_out(x)
+    if out is None:
+        out = plan.make_out(x)
     with traced(plan.sig.op, plan.nbytes, plan.algorithm, comm.device, x, comm):
         _launch(plan, x, out)
     return out

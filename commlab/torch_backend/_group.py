@@ -15,16 +15,20 @@ from collections import Counter
 
 import torch
 import torch.distributed as dist
+from torch._C import _distributed_c10d as _c10d  # has AllgatherOptions (dist lacks it)
+from torch._C._autograd import _profiler_enabled
 
 from commlab import trace
-from commlab.runtime._control import call_timeout
+from commlab.runtime._control import CALL_TIMEOUT
 from commlab.torch_backend import _build, _native, _profile
 from commlab.torch_backend._fallback import Fallback
 from commlab.torch_backend._reduce import op_name
-from commlab.torch_backend._work import completed
+from commlab.torch_backend._work import FINISHED, completed
+from commlab.trace import RECORDER as _RECORDER
 
 ROUTES: Counter = Counter()  # (route, method) -> calls; route "kernel" or "fallback"
 _NO_EVENT = contextlib.nullcontext()  # no profiler: nothing to name (one C call to ask)
+_STRIDED = torch.strided
 _CALL = threading.local()  # the call in progress on this thread: (method, event, inputs)
 
 
@@ -33,7 +37,8 @@ def _traced(event: str, inputs=lambda args: args[0]):
     (``_fb``'s Works take the name; ``_done`` records a native call's, with the shapes of
     ``inputs(args)``), the group's timeout over its waits, and a "dist" span (waiting
     for late ranks included) while a ``commlab.trace`` records: what ``commlab.watch``
-    counts as communication."""
+    counts as communication. Without a profiler or a trace it costs two saved and
+    restored globals (no context manager per call)."""
 
     def decorate(method):
         name = method.__name__.lstrip("_")
@@ -46,14 +51,18 @@ def _traced(event: str, inputs=lambda args: args[0]):
                 raise CommlabUsageError(f"dist.{name}: {self.retired}")
             before = getattr(_CALL, "call", None)
             _CALL.call = (name, event, inputs, args)
+            limit = CALL_TIMEOUT[0]  # call_timeout(self.timeout_s), inlined
+            CALL_TIMEOUT[0] = self.timeout_s
             try:
-                with call_timeout(self.timeout_s), \
-                        trace.event_named_outside() if _profile.enabled() else _NO_EVENT:
+                if not (_profiler_enabled() or _RECORDER.active):
+                    return method(self, *args, **kwargs)
+                with trace.event_named_outside() if _profile.enabled() else _NO_EVENT:
                     if not trace.is_recording():
                         return method(self, *args, **kwargs)
                     with trace.span(name, kind="dist"):
                         return method(self, *args, **kwargs)
             finally:
+                CALL_TIMEOUT[0] = limit
                 _CALL.call = before
 
         return wrapper
@@ -123,19 +132,23 @@ class CommlabProcessGroup(dist.ProcessGroup):
         """The Communicator when these tensors run on commlab's kernels, else None."""
         if not self.spans_world:
             return None
-        comm = self.communicator()
-        kind = comm.device.type
-        for t in _tensors(tensors):
-            if t.device.type != kind or t.layout != torch.strided:  # sparse: gloo's
-                return None
-        return comm
+        comm = self._comm
+        if comm is None or comm.closed:
+            comm = self.communicator()
+        return comm if _dense_on(comm.device.type, tensors) else None
 
-    def _done(self, result, comm):
-        """The Work of a call that ran on commlab's kernels (and its profiler event)."""
-        call = _route("kernel")
-        if call is not None and _profile.enabled():
-            _, event, inputs, args = call
-            _profile.record(f"commlab:{event}", _flat(inputs(args)))
+    def _done(self, result, comm, opts):
+        """The Work of a call that ran on commlab's kernels (and its profiler event). A
+        blocking call (``opts.asyncOp`` False: torch only calls its ``wait()``, and the
+        kernels already ran on the caller's stream) gets the one shared finished Work."""
+        call = getattr(_CALL, "call", None)
+        if call is not None:
+            ROUTES[("kernel", call[0])] += 1
+            if _profiler_enabled():
+                _, event, inputs, args = call
+                _profile.record(f"commlab:{event}", _flat(inputs(args)))
+        if opts is not None and not opts.asyncOp:
+            return FINISHED
         return completed(result, comm.device)
 
     def _fb(self, *tensors):
@@ -156,7 +169,7 @@ class CommlabProcessGroup(dist.ProcessGroup):
         name = op_name(opts.reduceOp)
         for t in tensors:
             _native.all_reduce_(comm, t, name, self.all_reduce_algorithm)
-        return self._done(tensors, comm)
+        return self._done(tensors, comm, opts)
 
     @_traced("all_reduce")
     def allreduce_coalesced(self, tensors, opts=None):
@@ -167,7 +180,7 @@ class CommlabProcessGroup(dist.ProcessGroup):
         name = op_name(opts.reduceOp)
         for t in tensors:
             _native.all_reduce_(comm, t, name, self.all_reduce_algorithm)
-        return self._done(tensors, comm)
+        return self._done(tensors, comm, opts)
 
     @_traced("broadcast")
     def broadcast(self, tensors, opts=None):
@@ -177,39 +190,39 @@ class CommlabProcessGroup(dist.ProcessGroup):
             return self._fb(tensors).broadcast(tensors, opts)
         for t in tensors:
             _native.broadcast_(comm, t, opts.rootRank)
-        return self._done(tensors, comm)
+        return self._done(tensors, comm, opts)
 
     @_traced("all_gather", lambda a: a[1])
     def allgather(self, output_lists, inputs, opts=None):
-        opts = opts or dist.AllgatherOptions()
+        opts = opts or _c10d.AllgatherOptions()
         comm = self._native(output_lists, inputs)
         if comm is None:
             return self._fb(inputs).allgather(output_lists, inputs, opts)
         for outs, inp in zip(output_lists, inputs, strict=True):
             _native.all_gather_list_(comm, outs, inp)
-        return self._done(output_lists, comm)
+        return self._done(output_lists, comm, opts)
 
     @_traced("all_gather_into_tensor", lambda a: [a[1]])
     def all_gather_single(self, output, inp, opts=None):
-        opts = opts or dist.AllgatherOptions()
+        opts = opts or _c10d.AllgatherOptions()
         comm = self._native(output, inp)
         if comm is None:
             return self._fb(inp)._allgather_base(output, inp, opts)
         _native.all_gather_into_(comm, output, inp)
-        return self._done([output], comm)
+        return self._done([output], comm, opts)
 
     _allgather_base = all_gather_single
 
     @_traced("all_gather_into_tensor_coalesced", lambda a: a[1])
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
-        opts = opts or dist.AllgatherOptions()
+        opts = opts or _c10d.AllgatherOptions()
         comm = self._native(outputs, inputs)
         if comm is None:
             pg = self._fb(inputs)
             return pg.allgather_into_tensor_coalesced(outputs, inputs, opts)
         for out, inp in zip(outputs, inputs, strict=True):
             _native.all_gather_into_(comm, out, inp)
-        return self._done(outputs, comm)
+        return self._done(outputs, comm, opts)
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
@@ -228,7 +241,7 @@ class CommlabProcessGroup(dist.ProcessGroup):
                               f"world size ({comm.world_size}) tensors")
             flat = torch.cat([t.reshape(-1) for t in ins])
             _native.reduce_scatter_into_(comm, out, flat, name)
-        return self._done(outputs, comm)
+        return self._done(outputs, comm, opts)
 
     @_traced("reduce_scatter_tensor", lambda a: [a[1]])
     def reduce_scatter_single(self, output, inp, opts=None):
@@ -237,7 +250,7 @@ class CommlabProcessGroup(dist.ProcessGroup):
         if comm is None:
             return self._fb(inp)._reduce_scatter_base(output, inp, opts)
         _native.reduce_scatter_into_(comm, output, inp, op_name(opts.reduceOp))
-        return self._done([output], comm)
+        return self._done([output], comm, opts)
 
     _reduce_scatter_base = reduce_scatter_single
 
@@ -251,7 +264,7 @@ class CommlabProcessGroup(dist.ProcessGroup):
         name = op_name(opts.reduceOp)
         for out, inp in zip(outputs, inputs, strict=True):
             _native.reduce_scatter_into_(comm, out, inp, name)
-        return self._done(outputs, comm)
+        return self._done(outputs, comm, opts)
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
@@ -264,7 +277,7 @@ class CommlabProcessGroup(dist.ProcessGroup):
             pg = self._fb(inp)
             return pg.alltoall_base(output, inp, output_splits, input_splits, opts)
         _native.all_to_all_even_(comm, output, inp)
-        return self._done([output], comm)
+        return self._done([output], comm, opts)
 
     alltoall_base = all_to_all_single
 
@@ -280,7 +293,7 @@ class CommlabProcessGroup(dist.ProcessGroup):
         _native.all_to_all_even_(comm, out, torch.cat([t.reshape(-1) for t in inputs]))
         for o, piece in zip(outputs, out.chunk(len(outputs)), strict=True):
             o.copy_(piece.view(o.shape))
-        return self._done(outputs, comm)
+        return self._done(outputs, comm, opts)
 
     @_traced("barrier", lambda a: [])
     def barrier(self, opts=None):
@@ -290,7 +303,7 @@ class CommlabProcessGroup(dist.ProcessGroup):
         from commlab.collectives import barrier
 
         barrier()
-        return self._done([], comm)
+        return self._done([], comm, opts)
 
     # -- through the fallback group -----------------------------------------------------
     @_traced("send")
@@ -315,7 +328,7 @@ class CommlabProcessGroup(dist.ProcessGroup):
         name = op_name(opts.reduceOp)
         for t in tensors:
             _native.reduce_(comm, t, name, opts.rootRank, self.all_reduce_algorithm)
-        return self._done(tensors, comm)
+        return self._done(tensors, comm, opts)
 
     @_traced("gather", lambda a: a[1])
     def gather(self, output_lists, inputs, opts=None):
@@ -326,7 +339,7 @@ class CommlabProcessGroup(dist.ProcessGroup):
         for i, inp in enumerate(inputs):
             outs = output_lists[i] if i < len(output_lists) else []
             _native.gather_(comm, outs, inp, opts.rootRank)
-        return self._done(output_lists, comm)
+        return self._done(output_lists, comm, opts)
 
     @_traced("scatter", lambda a: a[1] if a[1] else a[0])
     def scatter(self, outputs, input_lists, opts=None):
@@ -337,11 +350,11 @@ class CommlabProcessGroup(dist.ProcessGroup):
         for i, out in enumerate(outputs):
             ins = input_lists[i] if i < len(input_lists) else []
             _native.scatter_(comm, out, ins, opts.rootRank)
-        return self._done(outputs, comm)
+        return self._done(outputs, comm, opts)
 
     @_traced("all_gather", lambda a: a[1])
     def allgather_coalesced(self, output_lists, inputs, opts=None):
-        opts = opts or dist.AllgatherOptions()
+        opts = opts or _c10d.AllgatherOptions()
         comm = self._native(output_lists, inputs)
         if comm is None:
             return self._fb(inputs).allgather_coalesced(output_lists, inputs, opts)
@@ -352,7 +365,7 @@ class CommlabProcessGroup(dist.ProcessGroup):
                           f"{len(inputs)} tensors each (one per input)")
         for i, inp in enumerate(inputs):
             _native.all_gather_list_(comm, [o[i] for o in output_lists], inp)
-        return self._done(output_lists, comm)
+        return self._done(output_lists, comm, opts)
 
     @_traced("monitored_barrier", lambda a: [])
     def monitored_barrier(self, timeout=None, wait_all_ranks: bool = False):
@@ -393,6 +406,19 @@ def _tensors(items):
             yield x
         elif isinstance(x, (list, tuple)):
             yield from _tensors(x)
+
+
+def _dense_on(kind: str, items) -> bool:
+    """Whether every tensor in ``items`` (nested lists) is strided on device type ``kind``
+    ("cpu" or "cuda", a Communicator's; sparse tensors are gloo's)."""
+    cuda = kind == "cuda"
+    for x in items:
+        if isinstance(x, torch.Tensor):
+            if not (x.is_cuda if cuda else x.is_cpu) or x.layout is not _STRIDED:
+                return False
+        elif isinstance(x, (list, tuple)) and not _dense_on(kind, x):
+            return False
+    return True
 
 
 def _even(splits, t: torch.Tensor, world: int) -> bool:

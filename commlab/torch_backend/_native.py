@@ -17,6 +17,7 @@ from commlab.collectives.all_to_all import all_to_all
 from commlab.collectives.broadcast import broadcast
 from commlab.collectives.reduce_scatter import reduce_scatter
 from commlab.runtime import Signature
+from commlab.torch_backend import _into
 from commlab.torch_backend._bitcast import NATIVE, from_words, to_words
 from commlab.torch_backend._reduce import finish_avg, in_kernel, reduce_rows
 
@@ -64,10 +65,15 @@ def exchange_rows(comm, t: torch.Tensor) -> torch.Tensor:
 
 def all_reduce_(comm, t: torch.Tensor, name: str, algorithm: str = "auto") -> None:
     if in_kernel(name, t.dtype):
-        y = all_reduce(t, op="sum" if name == "avg" else name, algorithm=algorithm)
+        kernel_op = "sum" if name == "avg" else name
+        if comm.backend == "cpu" and t.is_contiguous():
+            y = _into.all_reduce_(t, kernel_op, algorithm)
+        else:
+            y = all_reduce(t, op=kernel_op, algorithm=algorithm)
         if name == "avg":
             y = finish_avg(y, comm.world_size)
-        t.copy_(y)
+        if y.data_ptr() != t.data_ptr():  # not reduced in place (or AVG on integers)
+            t.copy_(y)
         return
     agree(comm, "dist.all_reduce", dtype=_dt(t.dtype), shape=tuple(t.shape), op=name)
     t.copy_(reduce_rows(gather_rows(comm, t), name))
@@ -77,6 +83,9 @@ def broadcast_(comm, t: torch.Tensor, src: int) -> None:
     if t.dtype not in NATIVE:
         agree(comm, "dist.broadcast", dtype=_dt(t.dtype), shape=tuple(t.shape), src=src)
     if t.dtype in NATIVE:
+        if comm.backend == "cpu" and t.is_contiguous():
+            _into.broadcast_(t, src)
+            return
         y = broadcast(t, src=src)
         if comm.rank != src:
             t.copy_(y)
@@ -106,6 +115,9 @@ def all_gather_into_(comm, out: torch.Tensor, inp: torch.Tensor) -> None:
     check(comm, "all_gather", err)
     if inp.dtype not in NATIVE:
         agree(comm, "dist.all_gather", dtype=_dt(inp.dtype), shape=tuple(inp.shape))
+    elif _into.writable(out, inp):
+        _into.all_gather(inp.reshape(1, -1), out.view(comm.world_size, inp.numel()))
+        return
     out.copy_(gather_rows(comm, inp).view(out.shape))
 
 
@@ -134,10 +146,15 @@ def reduce_scatter_into_(comm, out: torch.Tensor, inp: torch.Tensor, name: str) 
               op=name)
         out.copy_(reduce_rows(exchange_rows(comm, inp), name).view(out.shape))
         return
-    y = reduce_scatter(inp.reshape(W, -1), op="sum" if name == "avg" else name)
+    kernel_op = "sum" if name == "avg" else name
+    if _into.writable(out, inp):
+        y = _into.reduce_scatter(inp.reshape(W, -1), kernel_op, out.view(1, out.numel()))
+    else:
+        y = reduce_scatter(inp.reshape(W, -1), op=kernel_op)
     if name == "avg":
         y = finish_avg(y, W)
-    out.copy_(y.view(out.shape))
+    if y.data_ptr() != out.data_ptr():  # not written in place (or AVG on integers)
+        out.copy_(y.view(out.shape))
 
 
 def all_to_all_even_(comm, out: torch.Tensor, inp: torch.Tensor) -> None:
@@ -150,6 +167,9 @@ def all_to_all_even_(comm, out: torch.Tensor, inp: torch.Tensor) -> None:
     check(comm, "all_to_all", err)
     if inp.dtype not in NATIVE:
         agree(comm, "dist.all_to_all", dtype=_dt(inp.dtype), shape=tuple(inp.shape))
+    elif _into.writable(out, inp):
+        _into.all_to_all(inp.reshape(W, -1), out.view(W, inp.numel() // W))
+        return
     out.copy_(exchange_rows(comm, inp).view(out.shape))
 
 

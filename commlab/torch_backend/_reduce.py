@@ -21,12 +21,19 @@ _NAMES = {
     dist.ReduceOp.MIN: "min", dist.ReduceOp.PRODUCT: "product", dist.ReduceOp.BAND: "band",
     dist.ReduceOp.BOR: "bor", dist.ReduceOp.BXOR: "bxor",
 }
+_BY_TYPE = dict(_NAMES)  # RedOpType -> name; a ReduceOp is looked up by its .op
 KERNEL_OPS = ("sum", "max", "min", "avg")
 
 
 def op_name(op) -> str:
     """The name of a ReduceOp ("sum", "avg", ...); ValueError for PREMUL_SUM."""
-    for k, v in _NAMES.items():
+    try:  # a ReduceOp carries its RedOpType in .op: one dict lookup (no pybind == per op)
+        name = _BY_TYPE.get(getattr(op, "op", op))
+    except TypeError:  # unhashable: not a ReduceOp
+        name = None
+    if name is not None:
+        return name
+    for k, v in _NAMES.items():  # anything else that compares equal to one
         if op == k:
             return v
     raise ValueError(

@@ -484,7 +484,7 @@ def watch_world(comm, scenario: str, steps: int = 8, slow_from: int = 5) -> dict
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from commlab.topology import Edge, Node, Topology
-    from commlab.torch_backend import _native
+    from commlab.torch_backend import _into, _native
 
     rank, W, _ = start()
     topo = Topology("test", nodes=[Node(f"rank{r}", "rank") for r in range(W)],
@@ -493,19 +493,22 @@ def watch_world(comm, scenario: str, steps: int = 8, slow_from: int = 5) -> dict
     model = DDP(_mlp(0), bucket_cap_mb=0.001)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     w = commlab.watch(baseline=3, factor=2.0, topology=topo, verbose=False)
-    kernel = _native.all_reduce
+    kernels = (_native.all_reduce, _into.all_reduce_)  # new output / in place (CPU)
 
-    def slow_all_reduce(t, op="sum", algorithm="auto"):
-        with commlab.trace.collective("all_reduce", 0, "slowed", None):
-            time.sleep(0.2)  # the link is slow: the kernel takes longer, same bytes
-        return kernel(t, op=op, algorithm=algorithm)
+    def slowed(kernel):
+        def slow_all_reduce(*args, **kwargs):
+            with commlab.trace.collective("all_reduce", 0, "slowed", None):
+                time.sleep(0.2)  # the link is slow: the kernel takes longer, same bytes
+            return kernel(*args, **kwargs)
+
+        return slow_all_reduce
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for step in range(steps):
             slow = step >= slow_from
             if scenario == "slow_link" and slow:
-                _native.all_reduce = slow_all_reduce
+                _native.all_reduce, _into.all_reduce_ = map(slowed, kernels)
             with w.step():
                 x, y = _batch(0, rank, step)
                 end = time.perf_counter() + 0.04  # 40 ms of steady compute per step, so
@@ -517,7 +520,7 @@ def watch_world(comm, scenario: str, steps: int = 8, slow_from: int = 5) -> dict
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
-            _native.all_reduce = kernel
+            _native.all_reduce, _into.all_reduce_ = kernels
     with contextlib.suppress(Exception):
         w.figure()  # renders (matplotlib, headless)
     dist.destroy_process_group()
