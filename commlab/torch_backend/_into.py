@@ -4,11 +4,11 @@ torch's collectives name their output (``all_gather_into_tensor(out, inp)``, ...
 backend hands that tensor to the collective's kernels as their output whenever they may
 write it directly: the output is contiguous and its memory is apart from the input's
 (an input that is a slice of the output, as FSDP passes, takes the copying path).
-All-reduce and broadcast run in place on the CPU backend: their kernels and host twins
+Used on the CPU backend only until ``bench/checks/gpu_torch_backend_overhead.py`` has
+run on a GPU. All-reduce and broadcast run in place: their kernels and host twins
 read every input element before writing that element of the output (two-shot's and
 one-shot's pushes precede their writes; ring stages the input; the host twins' reduction
-takes a temporary when the output is a later operand). On CUDA they still return a new
-tensor that is copied back, until a GPU check has run them in place. Each runner publishes a local
+takes a temporary when the output is a later operand). Each runner publishes a local
 error through the agreement, as the public collectives do.
 """
 

@@ -115,7 +115,7 @@ def all_gather_into_(comm, out: torch.Tensor, inp: torch.Tensor) -> None:
     check(comm, "all_gather", err)
     if inp.dtype not in NATIVE:
         agree(comm, "dist.all_gather", dtype=_dt(inp.dtype), shape=tuple(inp.shape))
-    elif _into.writable(out, inp):
+    elif comm.backend == "cpu" and _into.writable(out, inp):
         _into.all_gather(inp.reshape(1, -1), out.view(comm.world_size, inp.numel()))
         return
     out.copy_(gather_rows(comm, inp).view(out.shape))
@@ -147,7 +147,7 @@ def reduce_scatter_into_(comm, out: torch.Tensor, inp: torch.Tensor, name: str) 
         out.copy_(reduce_rows(exchange_rows(comm, inp), name).view(out.shape))
         return
     kernel_op = "sum" if name == "avg" else name
-    if _into.writable(out, inp):
+    if comm.backend == "cpu" and _into.writable(out, inp):
         y = _into.reduce_scatter(inp.reshape(W, -1), kernel_op, out.view(1, out.numel()))
     else:
         y = reduce_scatter(inp.reshape(W, -1), op=kernel_op)
@@ -167,7 +167,7 @@ def all_to_all_even_(comm, out: torch.Tensor, inp: torch.Tensor) -> None:
     check(comm, "all_to_all", err)
     if inp.dtype not in NATIVE:
         agree(comm, "dist.all_to_all", dtype=_dt(inp.dtype), shape=tuple(inp.shape))
-    elif _into.writable(out, inp):
+    elif comm.backend == "cpu" and _into.writable(out, inp):
         _into.all_to_all(inp.reshape(W, -1), out.view(W, inp.numel() // W))
         return
     out.copy_(exchange_rows(comm, inp).view(out.shape))
