@@ -66,7 +66,9 @@ class Membership:
     ``pids``: each member's process; ``origin``: each member's rank at ``init``;
     ``store``: the world's (authenticated, prefixed) store, or None; ``store_rank``: the
     member whose process serves that store (rank 0's TCPStore), None when a launcher or
-    the parent serves it."""
+    the parent serves it; ``joined``: pids of members that joined (``commlab.grow``) and
+    have not received a ``commlab.elastic.State`` since (the same on every member, so
+    ``elastic.step`` syncs alike everywhere, even after a grow that ended in a loss)."""
 
     rank: int
     world_size: int
@@ -77,6 +79,7 @@ class Membership:
     origin: tuple[int, ...] = ()
     timeout: float = 300.0
     peer_timeout: float = field(default_factory=lambda: _config.get("COMMLAB_PEER_TIMEOUT"))
+    joined: tuple[int, ...] = ()
     _dead: set = field(default_factory=set, repr=False)
     _next: float = field(default=0.0, repr=False)
 
@@ -168,7 +171,8 @@ class Membership:
         return Membership(keep.index(self.rank), len(keep), tuple(self.pids[r] for r in keep),
                           self.store, None if self.store_rank not in keep else
                           keep.index(self.store_rank), self.generation + 1,
-                          tuple(self.origin[r] for r in keep), self.timeout, self.peer_timeout)
+                          tuple(self.origin[r] for r in keep), self.timeout, self.peer_timeout,
+                          tuple(p for p in self.joined if p in (self.pids[r] for r in keep)))
 
     def grown(self, pids: tuple[int, ...]) -> Membership:
         """The membership with newcomers ``pids`` as ranks W..W+n-1 (``commlab.grow``);
@@ -177,7 +181,7 @@ class Membership:
         return Membership(self.rank, size, self.pids + tuple(pids), self.store,
                           self.store_rank, self.generation + 1,
                           self.origin + tuple(range(self.world_size, size)), self.timeout,
-                          self.peer_timeout)
+                          self.peer_timeout, self.joined + tuple(pids))
 
 
 def agree(m: Membership, prepare: Callable[[list[int]], None]) -> tuple[list[int], str]:
