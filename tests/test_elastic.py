@@ -249,16 +249,15 @@ def test_seeded_fault_run_ends_in_a_correct_smaller_world_with_nothing_left(
     rng = random.Random(27_000 + run)
     second = rng.random() < 0.4
     plan = random_plan(rng, 4, rounds=1 if second else rng.choice([1, 2]), second=second)
-    if run % 3 == 2:  # 10 of the 30: then a join, a death at each of its points in turn
-        alive_ranks = sorted(set(range(4)) - {r["victim"] for r in plan}
-                             - {r.get("second", -1) for r in plan})
-        plan = plan[:1] if len(alive_ranks) < 3 else plan
-        alive_ranks = sorted(set(range(4)) - {r["victim"] for r in plan}
-                             - {r.get("second", -1) for r in plan})
+    if run % 3 == 2:  # 10 of the 30 are a join with a death at each of its points in turn,
+        # most on the first world (CI time), some after a loss and its shrink
+        plan = random_plan(rng, 4, rounds=1) if rng.random() < 0.3 else []
+        alive_ranks = sorted(set(range(4)) - {r["victim"] for r in plan})
         plan.append(join_round(rng, alive_ranks, JOIN_POINTS[(run // 3) % len(JOIN_POINTS)]))
     print("plan", plan)
     times = run_plan(plan, 4, run, str(tmp_path), zygote)
-    assert max(t for rnd in times for t in rnd["detect"]) <= FAST_PEER_TIMEOUT, times
+    assert max((t for rnd in times for t in rnd["detect"]), default=0) <= FAST_PEER_TIMEOUT, \
+        times
 
 
 def test_survivors_agree_on_one_membership_when_a_member_dies_before_confirming(monkeypatch):

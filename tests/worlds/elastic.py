@@ -139,7 +139,7 @@ def elastic_rounds_world(comm, plan: list[dict], seed: int, note_dir: str) -> di
     return {"me": me, "rounds": rounds}
 
 
-JOIN_STEPS = 3  # elastic steps a join round runs at least
+JOIN_STEPS = 2  # elastic steps a join round runs at least
 
 
 def _join_round(me: int, rnd: dict, note_dir: str) -> dict:
@@ -240,7 +240,13 @@ def store_rank_dies_world(comm, note_dir: str) -> dict:
     kernel's ``cl.barrier``; their RankLostError and shrink."""
     _note(note_dir, f"pid{comm.rank}", os.getpid())
     commlab.barrier()
+    # rank 0 leaves the barrier first maybe: it dies once every peer has left it too (a
+    # peer still waiting in it for a third rank would see the death there)
+    _note(note_dir, f"past{comm.rank}", 1)
     if comm.rank == 0:
+        while not all(os.path.exists(os.path.join(note_dir, f"past{r}"))
+                      for r in range(comm.world_size)):
+            time.sleep(0.005)
         _die(note_dir, 0)
     try:
         _barrier_kernel[(1,)](comm.context)
