@@ -7,7 +7,9 @@ generation's. Everything that waits for peers asks it: the agreement
 decides (``_shrink``).
 
 **Lost.** On one host a member is its process: a pid whose ``/proc`` entry is gone or a
-zombie is dead, and dead is final (a stopped process, SIGSTOP, is not lost). A look reads
+zombie is dead, and dead is final (a stopped process, SIGSTOP, is not lost). A member on
+another host (``hosts``) is lost when its heartbeat in the store stops for the peer
+timeout (``_beats``: its process died or its host's link was cut). A look reads
 one small file per peer (~10 us), so waits look at most every ``min(0.05, T / 4)`` s,
 ``T`` = ``COMMLAB_PEER_TIMEOUT``: a kernel's wait checks every 50 ms
 (``_interpreter.liveness``), the agreement at least that often, so a death is noticed well
@@ -37,12 +39,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch.distributed as dist
 
 from commlab import _config
 from commlab.errors import CollectiveTimeoutError, CommlabError, RankLostError
 from commlab.runtime._kill_points import reach
+
+ABANDONED: list = []  # torch works and groups given up on a lost member (kept referenced)
 
 
 def alive(pid: int) -> bool:
@@ -80,6 +85,8 @@ class Membership:
     timeout: float = 300.0
     peer_timeout: float = field(default_factory=lambda: _config.get("COMMLAB_PEER_TIMEOUT"))
     joined: tuple[int, ...] = ()
+    hosts: tuple[int, ...] = ()  # each member's host, across hosts only (else empty)
+    beats: Any = field(default=None, repr=False)  # _beats.Beats, across hosts only
     _dead: set = field(default_factory=set, repr=False)
     _next: float = field(default=0.0, repr=False)
 
@@ -96,7 +103,12 @@ class Membership:
         if now or t >= self._next:
             self._next = t + self.look_s
             for r, pid in enumerate(self.pids):
-                if r != self.rank and r not in self._dead and not alive(pid):
+                if r == self.rank or r in self._dead:
+                    continue
+                if self.hosts and self.hosts[r] != self.hosts[self.rank]:
+                    if self.beats is not None and self.beats.silent(self.origin[r]):
+                        self._dead.add(r)
+                elif not alive(pid):
                     self._dead.add(r)
         return sorted(self._dead)
 
@@ -145,6 +157,22 @@ class Membership:
                 return None
             time.sleep(0.01)
 
+    def wait(self, work, what: str) -> None:
+        """Wait for a torch.distributed ``work`` (an ``async_op=True`` call) while looking
+        at the members: a lost one raises RankLostError instead of blocking until gloo's
+        timeout. The abandoned work is kept referenced (``ABANDONED``): freeing a group
+        with a receive still pending would wait for that timeout."""
+        pause = 0.0001
+        while not work.is_completed():
+            try:
+                self.check(what)
+            except BaseException:
+                ABANDONED.append(work)
+                raise
+            time.sleep(pause)
+            pause = min(pause * 2, 0.002)
+        work.wait()
+
     def share(self, name: str, value: str | None) -> str:
         """Member 0's ``value`` on every member, through the store (collective: every
         member calls it in the same order). The wait polls and checks the members, so a
@@ -172,7 +200,8 @@ class Membership:
                           self.store, None if self.store_rank not in keep else
                           keep.index(self.store_rank), self.generation + 1,
                           tuple(self.origin[r] for r in keep), self.timeout, self.peer_timeout,
-                          tuple(p for p in self.joined if p in (self.pids[r] for r in keep)))
+                          tuple(p for p in self.joined if p in (self.pids[r] for r in keep)),
+                          tuple(self.hosts[r] for r in keep) if self.hosts else (), self.beats)
 
     def grown(self, pids: tuple[int, ...]) -> Membership:
         """The membership with newcomers ``pids`` as ranks W..W+n-1 (``commlab.grow``);
