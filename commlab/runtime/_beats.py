@@ -35,7 +35,7 @@ class Beats:
         self._answered = now  # when the store last answered the thread
         self._stop = threading.Event()
         self._error = ""
-        conn = store.clone()
+        conn = store.clone()  # type: ignore[attr-defined]  # PrefixStore/TCPStore have it
         conn.add(f"beat/{rank}", 1)  # one beat before init returns
         self._thread = threading.Thread(target=self._run, args=(conn, f"beat/{rank}"),
                                         name="commlab-beat", daemon=True)

@@ -318,10 +318,10 @@ def _across_hosts(world: World, hosts: list[list[int]], layout: HeapLayout,
         members.beats = Beats(world.store, world.rank, others, members.peer_timeout)
         # every wait of this host (its agreement, its kernels) looks at the whole world:
         # a host gone fails them all, as one lost member does on one host
-        local.control.members = members
-        liveness.set_watch(peer_watch(members, local.control.timeout,
-                                      lambda: (local.control._inside[1] or "",
-                                               local.control.seq)))
+        block = local.control
+        block.members = members
+        liveness.set_watch(peer_watch(members, block.timeout,
+                                      lambda: (block._inside[1] or "", block.seq)))
     control = HostsAgreement(local.control, hosts, groups.host, groups.cross_hosts,
                              groups.cross_group, members)
     return Communicator(world.rank, world.world_size, world.backend, world.device,
