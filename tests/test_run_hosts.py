@@ -80,10 +80,10 @@ def test_cutting_one_hosts_link_leaves_the_other_host_training(hosts, tmp_path):
     records = [json.loads(p.read_text()) for p in tmp_path.glob("*.json")]
     host0 = [r for r in records if r["start_rank"] in (0, 1)]
     assert codes[0] == 0, _logs(tmp_path)
-    # both of host 1's ranks, in one RankLostError or two (their beats stop together,
-    # a look may find one silent first); one shrink, to the two of host 0
-    assert len(host0) == 2 and all(sorted(sum(r["lost"], [])) == [2, 3] and r["sizes"] == [2]
-                                   for r in host0), records
+    # host 1's ranks (a look may find one silent a moment before the other: the shrink's
+    # agreement then finds the other); one shrink, to the two of host 0
+    assert len(host0) == 2 and all(r["lost"] and set(sum(r["lost"], [])) <= {2, 3}
+                                   and r["sizes"] == [2] for r in host0), records
     cut = (tmp_path / "cut").read_text()
     assert all(r["t_lost"] - float(cut) <= 2 * float(ENV["COMMLAB_PEER_TIMEOUT"]) + 1
                for r in host0), (cut, records)

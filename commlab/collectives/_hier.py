@@ -38,8 +38,6 @@ from commlab.runtime import HostGroups
 from commlab.runtime.communicator import Communicator, get_communicator, using
 
 TORCH_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
-# torch 2.13 renamed reduce_scatter_tensor (deprecated there); 2.11 has only the old name
-reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 SPLIT_BYTES = 1 << 20  # auto: above this, all_reduce reduce-scatters inside first
 
 
@@ -141,10 +139,22 @@ def _reduce_scatter(comm: Communicator, x, algorithm: str = "auto", op: str = "s
     with using(comm.local):
         mine = reduce_scatter(grouped, op=op)  # [H, m]: the host's sums of our chunks
     out = x.new_empty(shape)
-    between(comm, "reduce_scatter", reduce_scatter_single(
-        out.view(-1), group_order(comm, mine).reshape(-1), op=TORCH_OPS[op],
-        group=groups(comm).cross_group, async_op=True))
+    reduce_scatter_between(comm, "reduce_scatter", out, group_order(comm, mine), op)
     return out
+
+
+def reduce_scatter_between(comm: Communicator, name: str, out: torch.Tensor,
+                           send: torch.Tensor, op: str = "sum") -> None:
+    """``out`` = the ``op`` over hosts of chunk j of every group member's ``send`` [H, m]
+    (j: our place in the group). An all_to_all then a local reduction moves the bytes
+    a reduce_scatter moves; gloo's reduce_scatter work completes only inside its
+    ``wait()``, which cannot be watched for a lost host."""
+    recv = torch.empty_like(send)
+    between(comm, name, dist.all_to_all_single(recv.view(-1), send.reshape(-1),
+                                               group=groups(comm).cross_group, async_op=True))
+    got = recv.view(send.shape[0], -1)
+    red = {"sum": got.sum(0), "max": got.amax(0), "min": got.amin(0)}[op]
+    out.view(-1).copy_(red)
 
 
 def _all_to_all(comm: Communicator, x, algorithm: str = "auto"):

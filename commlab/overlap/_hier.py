@@ -22,7 +22,7 @@ from commlab.collectives._hier import (
     group_order,
     groups,
     host_order,
-    reduce_scatter_single,
+    reduce_scatter_between,
 )
 from commlab.overlap import _args
 from commlab.overlap.ag_gemm import ag_gemm
@@ -56,8 +56,7 @@ def _gemm_rs(a, b, algorithm: str = "auto") -> torch.Tensor:
         mine = gemm_rs(grouped, b, algorithm=algorithm)  # [H * chunk, N]
     out = mine.new_empty((chunk, b.shape[1]))
     per_host = group_order(comm, mine.view(len(comm.hosts), chunk, -1))  # [H, chunk, N]
-    between(comm, "gemm_rs", reduce_scatter_single(
-        out.view(-1), per_host.reshape(-1), group=groups(comm).cross_group, async_op=True))
+    reduce_scatter_between(comm, "gemm_rs", out, per_host.reshape(len(comm.hosts), -1))
     return out
 
 

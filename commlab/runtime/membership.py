@@ -36,7 +36,6 @@ runs again.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -159,35 +158,22 @@ class Membership:
             time.sleep(0.01)
 
     def wait(self, work, what: str) -> None:
-        """Wait for a torch.distributed ``work`` (an ``async_op=True`` call) while looking
-        at the members: a lost one raises RankLostError instead of blocking until gloo's
-        timeout. ``work.wait()`` runs in a thread (some gloo works complete only inside
-        their wait); the abandoned work is kept referenced (``ABANDONED``): freeing a
-        group with a receive still pending would wait for that timeout."""
-        if work.is_completed():
-            work.wait()
-            return
-        done, box = threading.Event(), {}
-
-        def waiter() -> None:
-            try:
-                work.wait()
-            except BaseException as e:  # noqa: BLE001 - raised by the caller's thread
-                box["error"] = e
-            finally:
-                done.set()
-
-        threading.Thread(target=waiter, name="commlab-wait", daemon=True).start()
+        """Wait for a torch.distributed ``work`` (an ``async_op=True`` call whose work
+        completes on its own: gloo's reduce_scatter does not) while looking at the
+        members: a lost one raises RankLostError instead of blocking until gloo's
+        timeout. The abandoned work is kept referenced (``ABANDONED``): freeing a group
+        with a receive still pending would wait for that timeout. No thread waits in it:
+        one blocked there at exit hangs or aborts the process."""
         pause = 0.0001
-        while not done.wait(pause):
+        while not work.is_completed():
             try:
                 self.check(what)
             except BaseException:
                 ABANDONED.append(work)
                 raise
+            time.sleep(pause)
             pause = min(pause * 2, 0.002)
-        if "error" in box:
-            raise box["error"]
+        work.wait()
 
     def share(self, name: str, value: str | None) -> str:
         """Member 0's ``value`` on every member, through the store (collective: every
