@@ -9,6 +9,9 @@ torchrun's agent store does, so any rank may die. Every process dies with its pa
 
     with Zygote(env={"COMMLAB_PEER_TIMEOUT": "0.5"}, preload=("tests.worlds.elastic",)) as z:
         results, pids = z.run(fn, 4, kwargs={...}, timeout=30)
+
+``newcomers=[(fn, kwargs)]`` forks processes beside the ranks with the world's store in
+their environment and no RANK: ``fn(None, **kwargs)`` calls ``commlab.init(join=True)``.
 """
 
 from __future__ import annotations
@@ -55,13 +58,15 @@ class Zygote:
             raise RuntimeError(f"Zygote: the zygote failed to start:\n{text}")
 
     def run(self, fn, world_size: int, kwargs: dict | None = None, timeout: float = 60.0,
-            allow_killed: bool = True, init: bool = True) -> tuple[list, list[int]]:
+            allow_killed: bool = True, init: bool = True,
+            newcomers: tuple = ()) -> tuple[list, list[int]]:
         """``fn(comm, **kwargs)`` on ``world_size`` forked ranks (``commlab.init`` done;
-        ``init=False``: not done, ``comm`` is None, as under torchrun); returns the
-        results in rank order (``None`` for a rank SIGKILLed when ``allow_killed``) and
-        the ranks' pids. A failed or hung rank raises WorldError
-        with every failing rank's text (a hung rank's stacks included)."""
-        self._conn.send((fn, world_size, kwargs or {}, timeout, init))
+        ``init=False``: not done, ``comm`` is None, as under torchrun) and each
+        ``(fn, kwargs)`` of ``newcomers`` after them; returns the results in that order
+        (``None`` for a process SIGKILLed when ``allow_killed``) and their pids. A failed
+        or hung process raises WorldError with every failing one's text (a hung one's
+        stacks included)."""
+        self._conn.send((fn, world_size, kwargs or {}, timeout, init, tuple(newcomers)))
         if not self._conn.poll(timeout + 60):
             self.close()
             raise RuntimeError(f"Zygote: no report from the zygote {timeout + 60:g} s into a "
@@ -70,12 +75,13 @@ class Zygote:
         failures = {}
         for r, (status, value) in enumerate(got):
             if status == "killed" and not allow_killed:
-                failures[r] = f"rank {r} was killed by SIGKILL"
+                failures[r] = f"process {r} was killed by SIGKILL"
             elif status not in ("ok", "killed"):
                 failures[r] = value
         if failures:
             text = "\n".join(f"--- rank {r} ---\n{failures[r]}" for r in sorted(failures))
-            raise WorldError(f"{len(failures)} of {world_size} ranks failed:\n{text}", failures)
+            raise WorldError(f"{len(failures)} of {len(got)} processes failed:\n{text}",
+                             failures)
         return [pickle.loads(v) if s == "ok" else None for s, v in got], pids
 
     def close(self) -> None:
@@ -118,8 +124,8 @@ def _zygote_main(conn, env: dict, preload: tuple[str, ...]) -> None:
         conn.send(_world(conn, *request))
 
 
-def _world(conn, fn, world_size: int, kwargs: dict, timeout: float,
-           init: bool) -> tuple[list, list]:
+def _world(conn, fn, world_size: int, kwargs: dict, timeout: float, init: bool,
+           newcomers: tuple) -> tuple[list, list]:
     port = free_port()
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -147,12 +153,14 @@ def _world(conn, fn, world_size: int, kwargs: dict, timeout: float,
     os.close(store_r)
     stacks = tempfile.TemporaryDirectory(prefix="commlab-zygote-")
     pids, pipes = [], []
-    for r in range(world_size):
+    jobs = [(r, fn, kwargs, init) for r in range(world_size)]
+    jobs += [(None, f, kw, False) for f, kw in newcomers]
+    for r, (rank, f, kw, do_init) in enumerate(jobs):
         rd, wr = os.pipe()
         pid = os.fork()
         if pid == 0:
             os.close(rd)
-            _rank(r, world_size, port, fn, kwargs, init, wr, (sock, conn, store_w),
+            _rank(rank, world_size, port, f, kw, do_init, wr, (sock, conn, store_w),
                   os.path.join(stacks.name, f"rank{r}.txt"))
         os.close(wr)
         pids.append(pid)
@@ -193,10 +201,10 @@ def _world(conn, fn, world_size: int, kwargs: dict, timeout: float,
     return got, pids
 
 
-def _rank(rank: int, world_size: int, port: int, fn, kwargs: dict, init: bool, out_fd: int,
-          inherited: tuple, stack_file: str) -> None:
-    """A forked rank: init, ``fn``, its pickled ``(ok, result or traceback)`` to
-    ``out_fd``, finalize, exit without the zygote's exit handlers."""
+def _rank(rank: int | None, world_size: int, port: int, fn, kwargs: dict, init: bool,
+          out_fd: int, inherited: tuple, stack_file: str) -> None:
+    """A forked rank (``rank`` None: a newcomer): init, ``fn``, its pickled ``(ok, result
+    or traceback)`` to ``out_fd``, finalize, exit without the zygote's exit handlers."""
     code = 1
     try:
         _die_with_parent()
@@ -204,9 +212,11 @@ def _rank(rank: int, world_size: int, port: int, fn, kwargs: dict, init: bool, o
             thing.close() if hasattr(thing, "close") else os.close(thing)
         stacks = open(stack_file, "w")
         faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
-        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
-                          LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=str(port), TORCHELASTIC_USE_AGENT_STORE="true")
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                          TORCHELASTIC_USE_AGENT_STORE="true")
+        if rank is not None:
+            os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size),
+                              LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size))
         import commlab
 
         try:

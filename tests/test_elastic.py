@@ -1,9 +1,10 @@
 """Ranks that die: every survivor raises RankLostError naming them within
 COMMLAB_PEER_TIMEOUT, commlab.shrink() continues on the survivors (renumbered in their old
 order, symmetric tensors kept), and nothing is left behind. Ranks are SIGKILLed at random
-points of a loop of random collectives (a timer, the agreement, inside a kernel) and at
-each named point of a shrink; most worlds are forked from one process (``zygote``) so that
-the 30 seeded fault runs fit in CI (~50 s here)."""
+points of a loop of random collectives (a timer, the agreement, inside a kernel), at each
+named point of a shrink, and at each named point of a join (a member or the newcomer,
+while ``commlab.elastic.step`` admits it); most worlds are forked from one process
+(``zygote``) so that the 30 seeded fault runs fit in CI (~50-70 s here)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,12 @@ from commlab.runtime.membership import Membership, alive
 from commlab.testing import run_world
 from tests._zygote import Zygote
 from tests.test_faults import assert_nothing_left
-from tests.worlds.elastic import elastic_rounds_world, store_rank_dies_world
+from tests.worlds.elastic import (
+    JOIN_STEPS,
+    elastic_newcomer,
+    elastic_rounds_world,
+    store_rank_dies_world,
+)
 from tests.worlds.elastic_ddp import ddp_shrink_world
 
 PEER_TIMEOUT = 1.0  # the default
@@ -27,10 +33,10 @@ ENV = {"COMMLAB_TIMEOUT": "60", "COMMLAB_PEER_TIMEOUT": str(PEER_TIMEOUT)}
 FAST_PEER_TIMEOUT = 0.5
 FAST_ENV = {"COMMLAB_TIMEOUT": "20", "COMMLAB_PEER_TIMEOUT": str(FAST_PEER_TIMEOUT),
             "COMMLAB_HEAP_SIZE": "4MiB", "OMP_NUM_THREADS": "1"}
-# where a rank may die: in its loop of collectives, or (a second rank) in the shrink; a
-# join's points (JOIN_POINTS) are drawn once grow/join defines them
+# where a rank may die: in its loop of collectives, or (a second rank) in the shrink, or
+# (a member or the newcomer) in a join
 LOOP_POINTS = ("timer", "agreement", "kernel")
-SHRINK_DEATHS = (*SHRINK_POINTS, "timer", *JOIN_POINTS)
+SHRINK_DEATHS = (*SHRINK_POINTS, "timer")
 
 
 @pytest.fixture(scope="module")
@@ -63,29 +69,52 @@ def random_plan(rng: random.Random, world: int, rounds: int, second: bool = Fals
     return plan
 
 
+def join_round(rng: random.Random, members: list[int], point: str) -> dict:
+    """A join round: a newcomer joins the ``members`` (init ranks) through elastic steps
+    while one of them ("grow.*") or the newcomer ("join.*": victim "new") dies at
+    ``point``."""
+    victim = "new" if point.startswith("join.") else rng.choice(members)
+    return {"join": True, "victim": victim, "at": point}
+
+
 def run_plan(plan: list, world: int, seed: int, note_dir: str,
              zygote: Zygote | None = None) -> list[dict]:
     """Run the plan on a world whose store outlives its ranks (forked from ``zygote``, or
     spawned with the store in this process); check every survivor's rounds and that
-    nothing is left; return per round the world size at the kill and each survivor's
+    nothing is left; return per loop round the world size at the kill and each survivor's
     seconds from the SIGKILL to its RankLostError (``detect``) and to its first correct
-    collective after the shrink (``recover``)."""
+    collective after the shrink (``recover``). A join round (last, zygote only) adds a
+    newcomer as the last process."""
     kwargs = {"plan": plan, "seed": seed, "note_dir": note_dir}
+    join = next((r for r in plan if r.get("join")), None)
     if zygote is not None:
-        res, _ = zygote.run(elastic_rounds_world, world, kwargs=kwargs, timeout=40)
+        new = [(elastic_newcomer, {"note_dir": note_dir, "at": join["at"] if
+                                   join["victim"] == "new" else None})] if join else []
+        res, pids = zygote.run(elastic_rounds_world, world, kwargs=kwargs, timeout=40,
+                               newcomers=new)
+        # every process is reaped: what is left now stays (assert_nothing_left waits, and
+        # meanwhile another world's init may sweep a dead creator's segment)
+        assert not [n for n in os.listdir("/dev/shm") if n.startswith("commlab-")
+                    and any(n.endswith(f"-p{p}") for p in pids)], os.listdir("/dev/shm")
     else:
+        assert join is None, "join rounds run in zygote worlds"
         res = run_world(elastic_rounds_world, world, kwargs=kwargs, timeout=240, env=ENV,
                         store="parent", allow_killed=True)
     dead = {r["victim"] for r in plan} | {r.get("second", -1) for r in plan} - {-1}
+    if "new" in dead:
+        dead = dead - {"new"} | {world}
     assert [i for i, r in enumerate(res) if r is None] == sorted(dead), res
     times = []
     members = list(range(world))
     for k, rnd in enumerate(plan):
+        if rnd.get("join"):
+            _check_join_round(res, k, rnd, members, world)
+            continue
         killed = _read(note_dir, f"killed{rnd['victim']}")
         times.append({**rnd, "world": len(members), "detect": [], "shrunk": [], "recover": []})
         gone = {rnd["victim"], rnd.get("second", -1)}
         members = [m for m in members if m not in gone]
-        for r in res:
+        for r in res[:world]:  # the ranks (a newcomer, last, has no loop rounds)
             if r is None:
                 continue
             got = r["rounds"][k]
@@ -101,8 +130,34 @@ def run_plan(plan: list, world: int, seed: int, note_dir: str,
             times[k]["shrunk"].append(got["shrunk"] - killed)
             times[k]["recover"].append(got["done"] - killed)
     pids = [int(_read(note_dir, f"pid{r}")) for r in range(world)]
+    if join is not None:
+        pids.append(int(_read(note_dir, "pid_new")))
     assert_nothing_left(pids)
     return times
+
+
+def _check_join_round(res: list, k: int, rnd: dict, members: list[int], world: int) -> None:
+    """Every live process (the members alive and the newcomer) ends the join round in
+    one world of the round's size (a member lost and the newcomer in, or the newcomer
+    lost and the world unchanged), with the same state: every step committed once, in
+    order, the symmetric ``acc`` counting them (the newcomer's arrived from a peer)."""
+    survivors = [m for m in members if m != rnd["victim"]]
+    got = [r["rounds"][k] for r in res[:world] if r is not None]
+    if res[world] is not None:
+        got.append(res[world])
+    assert len(got) == len(survivors) + (res[world] is not None)
+    first = got[0]
+    for g in got:
+        assert g["world"] == len(members) == first["before"], (rnd, g)
+        assert g["y_ok"] and g["acc_ok"] and g["current"], (rnd, g)
+        assert (g["step"], g["pids"], g["generation"]) == \
+            (first["step"], first["pids"], first["generation"]), (rnd, got)
+        steps = [s for s, _ in g["log"]]
+        assert steps == list(range(steps[0], steps[0] + len(steps))), (rnd, g["log"])
+        assert steps[-1] == g["step"] >= JOIN_STEPS, (rnd, g)
+    assert sorted(g["rank"] for g in got) == list(range(len(got))), got
+    # the members in their old order, then the newcomer when it lives
+    assert first["members"][: len(survivors)] == survivors, (rnd, first)
 
 
 def test_ranks_killed_at_random_points_are_named_and_the_survivors_shrink_twice(seed, tmp_path):
@@ -194,9 +249,15 @@ def test_seeded_fault_run_ends_in_a_correct_smaller_world_with_nothing_left(
     rng = random.Random(27_000 + run)
     second = rng.random() < 0.4
     plan = random_plan(rng, 4, rounds=1 if second else rng.choice([1, 2]), second=second)
+    if run % 3 == 2:  # 10 of the 30 are a join with a death at each of its points in turn,
+        # most on the first world (CI time), some after a loss and its shrink
+        plan = random_plan(rng, 4, rounds=1) if rng.random() < 0.3 else []
+        alive_ranks = sorted(set(range(4)) - {r["victim"] for r in plan})
+        plan.append(join_round(rng, alive_ranks, JOIN_POINTS[(run // 3) % len(JOIN_POINTS)]))
     print("plan", plan)
     times = run_plan(plan, 4, run, str(tmp_path), zygote)
-    assert max(t for rnd in times for t in rnd["detect"]) <= FAST_PEER_TIMEOUT, times
+    assert max((t for rnd in times for t in rnd["detect"]), default=0) <= FAST_PEER_TIMEOUT, \
+        times
 
 
 def test_survivors_agree_on_one_membership_when_a_member_dies_before_confirming(monkeypatch):

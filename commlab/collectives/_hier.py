@@ -38,8 +38,6 @@ from commlab.runtime import HostGroups
 from commlab.runtime.communicator import Communicator, get_communicator, using
 
 TORCH_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
-# torch 2.13 renamed reduce_scatter_tensor (deprecated there); 2.11 has only the old name
-reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 SPLIT_BYTES = 1 << 20  # auto: above this, all_reduce reduce-scatters inside first
 
 
@@ -79,6 +77,16 @@ def group_order(comm: Communicator, t: torch.Tensor) -> torch.Tensor:
     return t[groups(comm).cross_hosts]
 
 
+def between(comm: Communicator, op: str, work) -> None:
+    """Wait for the part between hosts; on CPU while looking at the world's members, so
+    a host gone raises RankLostError within COMMLAB_PEER_TIMEOUT instead of gloo's
+    timeout."""
+    if comm.members is None or comm.backend != "cpu":
+        work.wait()
+        return
+    comm.members.wait(work, f"{op} #{comm.control.seq} (between hosts)")
+
+
 def _rows(x: torch.Tensor, world: int) -> torch.Tensor:
     return x.reshape(world, -1)
 
@@ -94,12 +102,14 @@ def _all_reduce(comm: Communicator, x, algorithm: str = "auto", op: str = "sum")
         flat = torch.cat([x.reshape(-1), x.new_zeros((-n) % L)])  # pad: L equal shards
         with using(local):
             shard = reduce_scatter(flat, op=op)
-        dist.all_reduce(shard, op=TORCH_OPS[op], group=group)
+        between(comm, "all_reduce", dist.all_reduce(shard, op=TORCH_OPS[op], group=group,
+                                                    async_op=True))
         with using(local):
             return all_gather(shard)[:n].view(x.shape)
     with using(local):
         y = all_reduce(x, op=op, algorithm=algorithm)
-    dist.all_reduce(y, op=TORCH_OPS[op], group=group)
+    between(comm, "all_reduce", dist.all_reduce(y, op=TORCH_OPS[op], group=group,
+                                                async_op=True))
     return y
 
 
@@ -110,7 +120,8 @@ def _all_gather(comm: Communicator, x, algorithm: str = "auto"):
     if x.numel() == 0:
         return out
     parts = [torch.empty_like(x) for _ in range(H)]
-    dist.all_gather(parts, x, group=groups(comm).cross_group)
+    between(comm, "all_gather", dist.all_gather(parts, x, group=groups(comm).cross_group,
+                                                async_op=True))
     mine = host_order(comm, torch.stack(parts))  # [h]: rank (h, i)'s x
     with using(comm.local):
         got = all_gather(mine, algorithm=algorithm)  # [(j, h)]: rank (h, j)'s x
@@ -128,9 +139,22 @@ def _reduce_scatter(comm: Communicator, x, algorithm: str = "auto", op: str = "s
     with using(comm.local):
         mine = reduce_scatter(grouped, op=op)  # [H, m]: the host's sums of our chunks
     out = x.new_empty(shape)
-    reduce_scatter_single(out.view(-1), group_order(comm, mine).reshape(-1), op=TORCH_OPS[op],
-                          group=groups(comm).cross_group)
+    reduce_scatter_between(comm, "reduce_scatter", out, group_order(comm, mine), op)
     return out
+
+
+def reduce_scatter_between(comm: Communicator, name: str, out: torch.Tensor,
+                           send: torch.Tensor, op: str = "sum") -> None:
+    """``out`` = the ``op`` over hosts of chunk j of every group member's ``send`` [H, m]
+    (j: our place in the group). An all_to_all then a local reduction moves the bytes
+    a reduce_scatter moves; gloo's reduce_scatter work completes only inside its
+    ``wait()``, which cannot be watched for a lost host."""
+    recv = torch.empty_like(send)
+    between(comm, name, dist.all_to_all_single(recv.view(-1), send.reshape(-1),
+                                               group=groups(comm).cross_group, async_op=True))
+    got = recv.view(send.shape[0], -1)
+    red = {"sum": got.sum(0), "max": got.amax(0), "min": got.amin(0)}[op]
+    out.view(-1).copy_(red)
 
 
 def _all_to_all(comm: Communicator, x, algorithm: str = "auto"):
@@ -143,7 +167,8 @@ def _all_to_all(comm: Communicator, x, algorithm: str = "auto"):
         got = all_to_all(grouped, algorithm=algorithm)  # [L(k), H(h'), m]: (h,k) -> (h',i)
     send = group_order(comm, got.view(L, H, -1).transpose(0, 1))  # [H(h'), L(k), m]
     recv = torch.empty_like(send)
-    dist.all_to_all_single(recv.view(-1), send.view(-1), group=groups(comm).cross_group)
+    between(comm, "all_to_all", dist.all_to_all_single(
+        recv.view(-1), send.view(-1), group=groups(comm).cross_group, async_op=True))
     out = torch.empty_like(x)
     _rows(out, W)[by_host(comm)] = host_order(comm, recv).view(W, -1)  # (h'', k) -> us
     return out
@@ -157,7 +182,8 @@ def _broadcast(comm: Communicator, x, algorithm: str = "auto", src: int = 0):
     src_index = host.index(src)
     y = x.clone()
     if groups(comm).local_index == src_index:  # our group holds the source
-        dist.broadcast(y, src=src, group=groups(comm).cross_group)
+        between(comm, "broadcast", dist.broadcast(y, src=src, group=groups(comm).cross_group,
+                                                  async_op=True))
     with using(comm.local):
         return broadcast(y, src=src_index, algorithm=algorithm)
 

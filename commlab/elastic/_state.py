@@ -11,6 +11,7 @@ import torch
 from commlab.collectives.broadcast import broadcast
 from commlab.errors import CommlabUsageError
 from commlab.runtime import _grow, get_communicator
+from commlab.runtime._kill_points import reach
 
 
 def _kind(obj) -> str:
@@ -131,6 +132,7 @@ class State:
         t0 = time.perf_counter()
         payload = self._payload() if comm.rank == src else b""
         n = int(broadcast(torch.tensor([len(payload)], dtype=torch.int32), src=src)[0])
+        reach("join.state" if _grow.PENDING_STATE[0] else "grow.state")
         words = torch.zeros((n + 3) // 4, dtype=torch.int32)
         if comm.rank == src:
             words.view(torch.uint8)[:n] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
@@ -140,6 +142,8 @@ class State:
             _grow.PENDING_STATE[0] = False
         self.commit()
         self.owed = False
+        if comm.members is not None:
+            comm.members.joined = ()  # every member has the state now
         self.last_sync = {"bytes": n, "receivers": comm.world_size - 1,
                           "seconds": time.perf_counter() - t0}
         return n

@@ -42,12 +42,15 @@ class step:  # noqa: N801 - used as a function: ``with commlab.elastic.step(stat
 
     def _boundary(self) -> None:
         state = self.state
-        if state.owed or _grow.PENDING_STATE[0]:
-            state.sync()
-            return
         comm = get_communicator()
         m = comm.members
         if m is None or m.store is None:
+            return
+        # who joined without the state yet: the membership's record, the same on every
+        # member (this rank's PENDING_STATE or ``owed`` is not, after a grow that met a
+        # loss on some members while others had returned from it)
+        if m.joined:
+            state.sync()
             return
         seen = str(_grow.waiting(comm)) if comm.rank == 0 else None
         k = int(m.share("newcomers", seen))

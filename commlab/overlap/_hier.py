@@ -17,11 +17,12 @@ import torch.distributed as dist
 
 import commlab.collectives._across as _across
 from commlab.collectives._hier import (
+    between,
     by_local_index,
     group_order,
     groups,
     host_order,
-    reduce_scatter_single,
+    reduce_scatter_between,
 )
 from commlab.overlap import _args
 from commlab.overlap.ag_gemm import ag_gemm
@@ -35,7 +36,8 @@ def _ag_gemm(a, b, algorithm: str = "auto") -> torch.Tensor:
     W, H, rows = comm.world_size, len(comm.hosts), a.shape[0]
     a = a.contiguous()
     parts = [torch.empty_like(a) for _ in range(H)]
-    dist.all_gather(parts, a, group=groups(comm).cross_group)
+    between(comm, "ag_gemm", dist.all_gather(parts, a, group=groups(comm).cross_group,
+                                             async_op=True))
     shards = host_order(comm, torch.stack(parts))  # [h]: rank (h, i)'s a
     out = a.new_empty((W, rows, b.shape[1]))
     for h, ranks in enumerate(comm.hosts):
@@ -54,7 +56,7 @@ def _gemm_rs(a, b, algorithm: str = "auto") -> torch.Tensor:
         mine = gemm_rs(grouped, b, algorithm=algorithm)  # [H * chunk, N]
     out = mine.new_empty((chunk, b.shape[1]))
     per_host = group_order(comm, mine.view(len(comm.hosts), chunk, -1))  # [H, chunk, N]
-    reduce_scatter_single(out.view(-1), per_host.reshape(-1), group=groups(comm).cross_group)
+    reduce_scatter_between(comm, "gemm_rs", out, per_host.reshape(len(comm.hosts), -1))
     return out
 
 

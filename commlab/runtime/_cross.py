@@ -8,9 +8,11 @@ of host h, and with rank i of every host, which agrees with its own host. So eve
 sees every host's verdict, and raises the same error; the error names hosts and global
 ranks, never a host's local numbering. Passing it is also a barrier of the whole world.
 
-A rank missing on one host raises ``CollectiveTimeoutError`` there after the timeout;
-the other hosts' exchange fails when its gloo group gives up (the same timeout, at least
-30 s), with torch's error rather than commlab's.
+A rank missing on one host raises ``CollectiveTimeoutError`` there after the timeout. The
+exchange between hosts waits while looking at the world's members (``Membership.wait``):
+a host gone (its ranks' heartbeats stopped: ``_beats``) raises ``RankLostError`` within
+``COMMLAB_PEER_TIMEOUT``; without a store that outlives ranks it fails when its gloo group
+gives up (the timeout, at least 30 s), with torch's error rather than commlab's.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch.distributed as dist
 
 from commlab.errors import CollectiveTimeoutError, RankMismatchError
 from commlab.runtime._control import ControlBlock, Signature
+from commlab.runtime.membership import Membership
 
 _BUF = 1024  # bytes per rank in the exchange: a 4-byte length, a kind byte, the text
 _RANKS = re.compile(r"\b(ranks?) (\d+(?:, \d+)*)")
@@ -53,8 +56,10 @@ class HostsAgreement:
     """``ControlBlock``'s ``agree``/``reset``/``seq`` for a world across hosts."""
 
     def __init__(self, local: ControlBlock, hosts: list[list[int]], host: int,
-                 cross_hosts: list[int], cross_group: dist.ProcessGroup):
+                 cross_hosts: list[int], cross_group: dist.ProcessGroup,
+                 members: Membership | None = None):
         self.local = local
+        self.members = members  # the world's: a host gone raises RankLostError
         self.hosts = hosts
         self.host = host
         self.cross_hosts = cross_hosts  # the host of each rank of cross_group, group order
@@ -106,7 +111,11 @@ class HostsAgreement:
         except CollectiveTimeoutError as e:
             raise CollectiveTimeoutError(global_names(str(e), mine)) from None
         bufs = [torch.empty(_BUF, dtype=torch.uint8) for _ in self.cross_hosts]
-        dist.all_gather(bufs, _pack(kind, body), group=self.group)
+        work = dist.all_gather(bufs, _pack(kind, body), group=self.group, async_op=True)
+        if self.members is not None:
+            self.members.wait(work, f"collective #{self.seq} (the agreement between hosts)")
+        else:
+            work.wait()
         got = [_unpack(bufs[self.cross_hosts.index(h)]) for h in range(len(self.hosts))]
         errors = [b.decode(errors="replace") for k, b in got if k == 1]
         if errors:

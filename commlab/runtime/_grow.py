@@ -46,6 +46,7 @@ from commlab.runtime import _auth, _bootstrap, _settings, _shm
 from commlab.runtime import communicator as _c
 from commlab.runtime._control import ControlBlock
 from commlab.runtime._devices import Placement
+from commlab.runtime._kill_points import reach
 from commlab.runtime.heap import FLAGS_BYTES, SIGNAL_PAD_BYTES, SymmetricHeap
 from commlab.runtime.membership import Membership, alive
 
@@ -198,6 +199,7 @@ def grow(n: int, timeout: float | None = None) -> _c.Communicator:
     prefix = f"grow/g{m.generation}/a{attempt}"
     heap = old.heap
     arena = _arena(heap)
+    reach("grow.arrive")
     store.set(f"{prefix}/arrive/{m.rank}", json.dumps(
         {"pid": os.getpid(), "fd": heap.fd, "arena": hashlib.sha1(
             json.dumps(arena).encode()).hexdigest()}))
@@ -213,21 +215,24 @@ def grow(n: int, timeout: float | None = None) -> _c.Communicator:
     rnd = _Round(store, prefix, pids, m.rank, time.monotonic() + w["phase_s"])
     keep: list = []
     try:
-        for r in range(m.world_size, size):
-            name = rnd.wait(f"heap/{r}", f"rank {r}'s heap").decode()
-            keep.append(_shm.open_existing(name, heap.layout.size))
-        keep.append(_control_block(rnd, m.rank, w["token"], size))
+        try:
+            for r in range(m.world_size, size):
+                name = rnd.wait(f"heap/{r}", f"rank {r}'s heap").decode()
+                keep.append(_shm.open_existing(name, heap.layout.size))
+            keep.append(_control_block(rnd, m.rank, w["token"], size))
+        except OSError as e:  # a segment gone: its owner died, or the round aborted
+            raise rnd.fail(f"cannot map a newcomer's heap or the agreement block ({e})") \
+                from None
+        reach("grow.ready")
         rnd.verdict()
     except _Aborted as e:
-        if m.rank == 0:
-            _shm.unlink(_shm.segment_name(w["token"], "grow", 0))
+        unlink_round(w)
         lost = m.lost(now=True)
         if lost:
             raise m.error(lost, "commlab.grow", "grow") from None
         raise CommlabError(f"commlab.grow({n}) on rank {m.rank}: {e}; the world continues "
                            f"unchanged with its {m.world_size} ranks") from None
-    if m.rank == 0:
-        _shm.unlink(_shm.segment_name(w["token"], "grow", 0))
+    unlink_round(w)
     lay = heap.layout
     heap.region(lay.signal_pad, SIGNAL_PAD_BYTES + FLAGS_BYTES, torch.uint8).zero_()
     heap.bases = heap.bases + [_addr(mp) for mp in keep[:-1]]
@@ -236,7 +241,7 @@ def grow(n: int, timeout: float | None = None) -> _c.Communicator:
     old.closed = True  # retired: its heap and mappings live on in the grown one
     old.plans.clear()
     comm = _install(members, heap, keep[-1], control.timeout, world, old._keep + keep)
-    _connect(comm, prefix)
+    _connect(comm, prefix, "grow.commit")
     return comm
 
 
@@ -274,6 +279,7 @@ def _decide(old, m: Membership, joins, store, prefix: str, n: int, limit: float,
         return
     w = {"size": size, "members": m.world_size, "pids": list(m.pids) + [p for _, p in chosen],
          "origin": list(m.origin), "generation": m.generation + 1,
+         "joined": list(m.joined) + [p for _, p in chosen],
          "store_rank": m.store_rank, "layout": [old.heap.layout.size,
                                                 old.heap.layout.scratch_bytes],
          "timeout": old.control.timeout, "token": world.token, "arena": arena,
@@ -319,6 +325,16 @@ def _control_block(rnd: _Round, rank: int, token: str, size: int):
     return _shm.open_existing(rnd.wait("ctl", "rank 0's agreement block").decode(), nbytes)
 
 
+def unlink_round(w: dict) -> None:
+    """Unlink the round's segments: the newcomers' heaps and the grown agreement block.
+    Every rank does it once the verdict is out (go: every rank has mapped them; abort:
+    nobody will), so a segment whose creator died is not left behind."""
+    pids = w["pids"]
+    for r in range(w["members"], w["size"]):
+        _shm.unlink(_shm.segment_name(w["token"], "heap", r, pids[r]))
+    _shm.unlink(_shm.segment_name(w["token"], "grow", 0, pids[0]))
+
+
 def _install(members: Membership, heap: SymmetricHeap, block_map, timeout: float, world,
              keep: list) -> _c.Communicator:
     """The grown world's Communicator, made this process's (its group comes next)."""
@@ -336,9 +352,10 @@ def _install(members: Membership, heap: SymmetricHeap, block_map, timeout: float
     return comm
 
 
-def _connect(comm: _c.Communicator, prefix: str) -> None:
+def _connect(comm: _c.Communicator, prefix: str, point: str) -> None:
     """torch.distributed's default group over the grown world. Connecting blocks in gloo
-    until every rank joined, so it runs in a thread while this one watches the members."""
+    until every rank joined, so it runs in a thread while this one watches the members
+    (``point``: this side's kill point, ``grow.commit`` or ``join.commit``)."""
     if dist.is_initialized():
         dist.destroy_process_group()
     members, world = comm.members, comm._world
@@ -362,6 +379,7 @@ def _connect(comm: _c.Communicator, prefix: str) -> None:
 
     t = threading.Thread(target=connect, name="commlab-grow-group", daemon=True)
     t.start()
+    reach(point)
     while t.is_alive():
         t.join(0.005)
         if t.is_alive():

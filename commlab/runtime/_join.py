@@ -33,7 +33,9 @@ from commlab.runtime._grow import (
     _joins,
     _Round,
     _store_key,
+    unlink_round,
 )
+from commlab.runtime._kill_points import reach
 from commlab.runtime.heap import HeapLayout, SymmetricHeap
 from commlab.runtime.membership import Membership
 
@@ -66,6 +68,7 @@ def join(backend: str, timeout: float) -> _c.Communicator:
         mine = _shm.create(name, layout.size)
         fd = _shm.OpenFd(name)
         store.set(f"{prefix}/heap/{rank}", name)
+        reach("join.map")
         maps = []
         try:
             for r in range(size):
@@ -77,22 +80,23 @@ def join(backend: str, timeout: float) -> _c.Communicator:
                 else:
                     other = rnd.wait(f"heap/{r}", f"rank {r}'s heap").decode()
                     maps.append(_shm.open_existing(other, layout.size))
+            block = _control_block(rnd, rank, w["token"], size)
         except OSError as e:
-            raise rnd.fail(f"cannot map a peer's heap ({e}); newcomers must run as the same "
-                           f"user on the members' host") from None
-        block = _control_block(rnd, rank, w["token"], size)
+            raise rnd.fail(f"cannot map a peer's heap or the agreement block ({e}); "
+                           f"newcomers must run as the same user on the members' host") \
+                from None
         rnd.verdict()
     except _Aborted as e:
-        _shm.unlink(name)
+        unlink_round(w)
         raise CommlabError(f"commlab.init(join=True): the grow admitting this process as "
                            f"rank {rank} failed: {e}; call commlab.init(join=True) again "
                            f"to wait for the next grow") from None
-    _shm.unlink(name)
+    unlink_round(w)
     heap = _newcomer_heap(layout, rank, [_addr(mp) for mp in maps], mine, w["arena"])
     heap.fd = fd.fd
     members = Membership(rank, size, pids, store, w["store_rank"], w["generation"],
                          tuple(w["origin"]) + tuple(range(w["members"], size)),
-                         w["timeout"], w["peer_timeout"])
+                         w["timeout"], w["peer_timeout"], tuple(w["joined"]))
     no_group = cast(dist.ProcessGroup, None)  # set by _connect
     world = _bootstrap.World(rank, size, rank, "cpu", torch.device("cpu"), no_group,
                              no_group, w["token"], True, Placement(("",) * size), "shm",
@@ -104,13 +108,27 @@ def join(backend: str, timeout: float) -> _c.Communicator:
     bounds.set_heap_size(layout.size)
     comm = _install(members, heap, block, w["timeout"], world, maps + [block, fd])
     PENDING_STATE[0] = True
-    _connect(comm, prefix)
+    _connect(comm, prefix, "join.commit")
     return comm
 
 
+_CLAIMED_S = 10.0  # how long a claimed newcomer waits for its admission
+
+
 def _admission(joins, ticket: int, deadline: float, timeout: float) -> dict:
-    pause = 0.0005
-    while not joins.check([f"admit/{ticket}"]):
+    pause, claimed = 0.0005, False
+    while True:
+        reach("join.wait")
+        if joins.check([f"admit/{ticket}"]):
+            break
+        if not claimed and joins.check([f"claim/{ticket}"]):
+            claimed = True  # by a grow (or marked dead): its admission comes at once
+            deadline = min(deadline, time.monotonic() + _CLAIMED_S)
+        if time.monotonic() > deadline and claimed:
+            raise CommlabError(
+                f"commlab.init(join=True): a grow claimed ticket {ticket} and did not admit "
+                f"it within {_CLAIMED_S:g} s (a member died while deciding); call "
+                f"commlab.init(join=True) again to wait for the next grow")
         if time.monotonic() > deadline:  # withdraw, unless a grow claimed us just now
             got = joins.compare_set(f"claim/{ticket}", "", "withdrawn").decode()
             if got in ("withdrawn", "dead"):
@@ -119,7 +137,8 @@ def _admission(joins, ticket: int, deadline: float, timeout: float) -> dict:
                     f"{ticket}); the members must call commlab.grow(n) (or run "
                     f"commlab.elastic.step) while this process waits; pass a longer "
                     f"timeout to wait longer")
-            deadline = float("inf")  # claimed: the admission follows at once
+            # claimed: the decider writes the admission at once, unless it died
+            claimed, deadline = True, time.monotonic() + _CLAIMED_S
         time.sleep(pause)
         pause = min(pause * 2, 0.01)
     admit = json.loads(joins.get(f"admit/{ticket}"))

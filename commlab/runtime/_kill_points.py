@@ -1,8 +1,8 @@
 """Named points of the recovery paths where a fault test may end this rank.
 
 The seeded fault runs (``tests/test_elastic.py``) kill a rank *at* a named step of a
-shrink (and of a join: ``JOIN_POINTS``, filled in by grow/join) instead of after a random
-delay, so every run reaches the state it names. ``reach(point)`` is one truth test of an
+shrink or of a join (the newcomer's ``join.*``, a member's ``grow.*``) instead of after a
+random delay, so every run reaches the state it names. ``reach(point)`` is one truth test of an
 empty dict unless a test armed a point; an armed action runs once.
 """
 
@@ -16,7 +16,17 @@ SHRINK_POINTS = (
     "shrink.confirmed",  # confirmed, then gone: lost in the new world (shrink again)
     "shrink.regroup",    # every member confirmed; gone while the new group connects
 )
-JOIN_POINTS: tuple[str, ...] = ()  # grow/join's steps ("join.*"), when they exist
+JOIN_POINTS = (
+    "join.wait",     # newcomer, registered, waiting for admission: never admitted, or the
+                     # grow that claimed it aborts (the world goes on unchanged)
+    "join.map",      # newcomer, admitted, its heap published: the grow aborts everywhere
+    "join.commit",   # newcomer, the verdict "go" taken, while the grown group connects
+    "join.state",    # newcomer, between State.sync's two broadcasts
+    "grow.arrive",   # member, before arriving: the members' RankLostError, no newcomer claimed
+    "grow.ready",    # member, the newcomers' heaps mapped, before its ready: abort everywhere
+    "grow.commit",   # member, the verdict "go" taken, while the grown group connects
+    "grow.state",    # member, between State.sync's two broadcasts
+)
 
 _ARMED: dict[str, Callable[[], None]] = {}
 

@@ -18,8 +18,9 @@ _SHM_DIR = "/dev/shm"
 _NAME_RE = re.compile(r"^commlab-[0-9a-f]+-[a-z]+-r\d+-p(\d+)$")
 
 
-def segment_name(token: str, kind: str, rank: int) -> str:
-    return f"commlab-{token}-{kind}-r{rank}-p{os.getpid()}"
+def segment_name(token: str, kind: str, rank: int, pid: int | None = None) -> str:
+    """The name of a segment process ``pid`` (default: this one) creates."""
+    return f"commlab-{token}-{kind}-r{rank}-p{os.getpid() if pid is None else pid}"
 
 
 def create(name: str, size: int) -> mmap.mmap:

@@ -34,7 +34,7 @@ from commlab.runtime import wait_records
 from commlab.runtime._control import ControlBlock
 from commlab.runtime._kill_points import reach
 from commlab.runtime.heap import FLAGS_BYTES, SIGNAL_PAD_BYTES
-from commlab.runtime.membership import Membership, agree
+from commlab.runtime.membership import ABANDONED, Membership, agree
 
 # The "commlab" torch.distributed backend (a higher layer) registers how its default group
 # is made again over the survivors: ``owns()`` says whether the default group is its own;
@@ -51,12 +51,17 @@ def set_torch_regroup(owns: Callable[[], bool], regroup: Callable) -> None:
 
 def shrink() -> _c.Communicator:
     """Continue with the survivors after a ``RankLostError``; returns the new default
-    Communicator (also ``commlab.get_communicator()``). Collective over the survivors."""
+    Communicator (also ``commlab.get_communicator()``). Collective over the survivors.
+    In a world across hosts the survivors must all be on one host (a host cut off or
+    gone): they continue as that host's world."""
     old = _c.get_communicator()
-    members, control = old.members, old.control
-    if old.across is not None or not isinstance(control, ControlBlock) or members is None:
-        raise CommlabUsageError("commlab.shrink: a world across hosts cannot shrink yet; "
-                                "restart it with the hosts that remain")
+    members = old.members
+    # across hosts the heap and the agreement block are this host's (``comm.local``)
+    here = old if old._local is None else old._local
+    control = here.control
+    if not isinstance(control, ControlBlock) or members is None:
+        raise CommlabUsageError("commlab.shrink: this world has no membership to shrink "
+                                "(a world across hosts needs a store that outlives ranks)")
     world = old._world
     assert world is not None
     torch_backend = (_TORCH_REGROUP[0] is not None and dist.is_initialized()
@@ -72,23 +77,39 @@ def shrink() -> _c.Communicator:
             f"made by commlab, so shrink cannot make it again over the survivors; start "
             f"torch.distributed on the 'commlab' backend (dist.init_process_group('commlab')) "
             f"or let commlab.init start it")
-    heap = old.heap
+    if old.across is not None and (old.backend != "cpu" or world.store_rank is not None):
+        raise CommlabUsageError(
+            "commlab.shrink: a world across hosts shrinks only on cpu with a store the "
+            "launcher serves (python -m commlab.run, TORCHELASTIC_USE_AGENT_STORE=true)")
+    heap = here.heap
     lay = heap.layout
     # GPU: every kernel of this rank gives up its spin and ends before it arrives
-    wait_records.abort(old.wait_records)
-    old._device_sync()
-    if old.abort_watch is not None:
-        old.abort_watch.stop()
+    wait_records.abort(here.wait_records)
+    here._device_sync()
+    if here.abort_watch is not None:
+        here.abort_watch.stop()
 
     def prepare(decision: list[int]) -> None:
         assert members is not None  # checked above; rebound to each round's members
+        if members.hosts and len({members.hosts[r] for r in decision}) > 1:
+            raise CommlabUsageError(
+                f"commlab.shrink: the survivors ({', '.join(map(str, decision))}) are on "
+                f"{len({members.hosts[r] for r in decision})} hosts; a world across hosts "
+                f"shrinks only to the ranks of one host yet; restart it with the hosts "
+                f"that remain")
         heap.region(lay.signal_pad, SIGNAL_PAD_BYTES + FLAGS_BYTES, torch.uint8).zero_()
-        old._device_sync()
-        wait_records.clear_abort(old.wait_records)  # our kernels have ended
+        here._device_sync()
+        wait_records.clear_abort(here.wait_records)  # our kernels have ended
         if decision.index(members.rank) == 0:
             control.buf[: len(control.buf)] = bytes(len(control.buf))
 
-    bases = list(heap.bases)
+    # each member's heap base by its rank (across hosts: this host's members only)
+    if old.across is None:
+        bases = list(heap.bases)
+    else:
+        mine = old.across.hosts[old.across.host]
+        bases = [heap.bases[mine.index(r)] if r in mine else 0 for r in range(old.world_size)]
+        ABANDONED.append(old.across)  # its groups may hold a pending receive: never freed
     while True:  # again when a member that confirmed dies before the group connects
         keep, prefix = agree(members, prepare)
         new = members.shrunk(keep)
@@ -102,18 +123,18 @@ def shrink() -> _c.Communicator:
     heap.rank, heap.bases = rank, bases
     block = ControlBlock(control.buf, rank, size, control.timeout)
     block.members = new
-    records_addr = int(old._context[-1])
+    records_addr = int(here._context[-1])
     ctx = torch.tensor([rank, size, heap.bases[rank] + lay.signal_pad,
                         heap.bases[rank] + lay.flags] + heap.bases + [records_addr],
                        dtype=torch.int64, device=old.device)
     world = dataclasses.replace(world, rank=rank, world_size=size, group=group,
                                 cpu_group=cpu_group, store_rank=new.store_rank)
     comm = _c.Communicator(rank, size, old.backend, old.device, ctx, heap, block, group,
-                           cpu_group,
-                           old.local_rank, world, old._keep, wait_records=old.wait_records,
-                           members=new)
-    old.closed = True  # retired: its heap and mappings live on in ``comm``
-    old.plans.clear()
+                           cpu_group, old.local_rank, world, here._keep,
+                           wait_records=here.wait_records, members=new)
+    for retired in {id(old): old, id(here): here}.values():
+        retired.closed = True  # its heap and mappings live on in ``comm``
+        retired.plans.clear()
     _c.watch_kernels(comm)
     _c.install(comm)
     return comm

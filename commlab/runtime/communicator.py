@@ -22,6 +22,7 @@ from commlab.errors import (
 )
 from commlab.runtime import _heaps, _publish, wait_records
 from commlab.runtime._abort import AbortWatch
+from commlab.runtime._beats import Beats
 from commlab.runtime._bootstrap import World, bootstrap
 from commlab.runtime._control import ControlBlock, Signature
 from commlab.runtime._cross import HostsAgreement
@@ -307,11 +308,26 @@ def _across_hosts(world: World, hosts: list[list[int]], layout: HeapLayout,
     assert isinstance(local.control, ControlBlock)
     assert local.members is not None
     local.members.store = None  # each host's keys would meet in the world's one store
+    host_of = tuple(next(h for h, rs in enumerate(hosts) if r in rs)
+                    for r in range(world.world_size))
+    # the world's members: this host's by their pids, the others' by heartbeats
+    members = Membership(world.rank, world.world_size, tuple(_heaps.exchange(world, os.getpid())),
+                         world.store, world.store_rank, timeout=timeout, hosts=host_of)
+    if world.store is not None:
+        others = [r for r in range(world.world_size) if host_of[r] != host_of[world.rank]]
+        members.beats = Beats(world.store, world.rank, others, members.peer_timeout)
+        # every wait of this host (its agreement, its kernels) looks at the whole world:
+        # a host gone fails them all, as one lost member does on one host
+        block = local.control
+        block.members = members
+        liveness.set_watch(peer_watch(members, block.timeout,
+                                      lambda: (block._inside[1] or "", block.seq)))
     control = HostsAgreement(local.control, hosts, groups.host, groups.cross_hosts,
-                             groups.cross_group)
+                             groups.cross_group, members)
     return Communicator(world.rank, world.world_size, world.backend, world.device,
                         local._context, local.heap, control, world.group, world.cpu_group,
-                        world.local_rank, world, [], _local=local, across=groups)
+                        world.local_rank, world, [], _local=local, across=groups,
+                        members=members)
 
 
 def install(comm: Communicator) -> None:

@@ -7,7 +7,9 @@ generation's. Everything that waits for peers asks it: the agreement
 decides (``_shrink``).
 
 **Lost.** On one host a member is its process: a pid whose ``/proc`` entry is gone or a
-zombie is dead, and dead is final (a stopped process, SIGSTOP, is not lost). A look reads
+zombie is dead, and dead is final (a stopped process, SIGSTOP, is not lost). A member on
+another host (``hosts``) is lost when its heartbeat in the store stops for the peer
+timeout (``_beats``: its process died or its host's link was cut). A look reads
 one small file per peer (~10 us), so waits look at most every ``min(0.05, T / 4)`` s,
 ``T`` = ``COMMLAB_PEER_TIMEOUT``: a kernel's wait checks every 50 ms
 (``_interpreter.liveness``), the agreement at least that often, so a death is noticed well
@@ -37,12 +39,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch.distributed as dist
 
 from commlab import _config
 from commlab.errors import CollectiveTimeoutError, CommlabError, RankLostError
 from commlab.runtime._kill_points import reach
+
+ABANDONED: list = []  # torch works and groups given up on a lost member (kept referenced)
 
 
 def alive(pid: int) -> bool:
@@ -66,7 +71,9 @@ class Membership:
     ``pids``: each member's process; ``origin``: each member's rank at ``init``;
     ``store``: the world's (authenticated, prefixed) store, or None; ``store_rank``: the
     member whose process serves that store (rank 0's TCPStore), None when a launcher or
-    the parent serves it."""
+    the parent serves it; ``joined``: pids of members that joined (``commlab.grow``) and
+    have not received a ``commlab.elastic.State`` since (the same on every member, so
+    ``elastic.step`` syncs alike everywhere, even after a grow that ended in a loss)."""
 
     rank: int
     world_size: int
@@ -77,6 +84,9 @@ class Membership:
     origin: tuple[int, ...] = ()
     timeout: float = 300.0
     peer_timeout: float = field(default_factory=lambda: _config.get("COMMLAB_PEER_TIMEOUT"))
+    joined: tuple[int, ...] = ()
+    hosts: tuple[int, ...] = ()  # each member's host, across hosts only (else empty)
+    beats: Any = field(default=None, repr=False)  # _beats.Beats, across hosts only
     _dead: set = field(default_factory=set, repr=False)
     _next: float = field(default=0.0, repr=False)
 
@@ -93,7 +103,12 @@ class Membership:
         if now or t >= self._next:
             self._next = t + self.look_s
             for r, pid in enumerate(self.pids):
-                if r != self.rank and r not in self._dead and not alive(pid):
+                if r == self.rank or r in self._dead:
+                    continue
+                if self.hosts and self.hosts[r] != self.hosts[self.rank]:
+                    if self.beats is not None and self.beats.silent(self.origin[r]):
+                        self._dead.add(r)
+                elif not alive(pid):
                     self._dead.add(r)
         return sorted(self._dead)
 
@@ -142,6 +157,24 @@ class Membership:
                 return None
             time.sleep(0.01)
 
+    def wait(self, work, what: str) -> None:
+        """Wait for a torch.distributed ``work`` (an ``async_op=True`` call whose work
+        completes on its own: gloo's reduce_scatter does not) while looking at the
+        members: a lost one raises RankLostError instead of blocking until gloo's
+        timeout. The abandoned work is kept referenced (``ABANDONED``): freeing a group
+        with a receive still pending would wait for that timeout. No thread waits in it:
+        one blocked there at exit hangs or aborts the process."""
+        pause = 0.0001
+        while not work.is_completed():
+            try:
+                self.check(what)
+            except BaseException:
+                ABANDONED.append(work)
+                raise
+            time.sleep(pause)
+            pause = min(pause * 2, 0.002)
+        work.wait()
+
     def share(self, name: str, value: str | None) -> str:
         """Member 0's ``value`` on every member, through the store (collective: every
         member calls it in the same order). The wait polls and checks the members, so a
@@ -168,7 +201,9 @@ class Membership:
         return Membership(keep.index(self.rank), len(keep), tuple(self.pids[r] for r in keep),
                           self.store, None if self.store_rank not in keep else
                           keep.index(self.store_rank), self.generation + 1,
-                          tuple(self.origin[r] for r in keep), self.timeout, self.peer_timeout)
+                          tuple(self.origin[r] for r in keep), self.timeout, self.peer_timeout,
+                          tuple(p for p in self.joined if p in (self.pids[r] for r in keep)),
+                          tuple(self.hosts[r] for r in keep) if self.hosts else (), self.beats)
 
     def grown(self, pids: tuple[int, ...]) -> Membership:
         """The membership with newcomers ``pids`` as ranks W..W+n-1 (``commlab.grow``);
@@ -177,7 +212,7 @@ class Membership:
         return Membership(self.rank, size, self.pids + tuple(pids), self.store,
                           self.store_rank, self.generation + 1,
                           self.origin + tuple(range(self.world_size, size)), self.timeout,
-                          self.peer_timeout)
+                          self.peer_timeout, self.joined + tuple(pids))
 
 
 def agree(m: Membership, prepare: Callable[[list[int]], None]) -> tuple[list[int], str]:

@@ -1,5 +1,7 @@
 """Rank functions for tests/test_elastic.py: a rank SIGKILLed at a random point of a loop
-of collectives, the survivors' RankLostError, commlab.shrink() and the smaller world."""
+of collectives, the survivors' RankLostError, commlab.shrink() and the smaller world; a
+newcomer joining through ``commlab.elastic.step`` while a member or the newcomer dies at a
+point of the join."""
 
 from __future__ import annotations
 
@@ -14,8 +16,10 @@ import triton
 
 import commlab
 import commlab.language as cl
+from commlab import elastic
 from commlab._interpreter import host
 from commlab.runtime import _kill_points
+from commlab.runtime.membership import alive
 
 
 def _note(note_dir: str, name: str, value) -> None:
@@ -80,6 +84,9 @@ def elastic_rounds_world(comm, plan: list[dict], seed: int, note_dir: str) -> di
     kept.fill_(float(me))
     rounds = []
     for k, rnd in enumerate(plan):
+        if rnd.get("join"):
+            rounds.append(_join_round(me, rnd, note_dir))
+            continue
         rng = random.Random(seed * 100 + k)  # the same collectives on every rank
         comm = commlab.get_communicator()
         rank, world = comm.rank, comm.world_size
@@ -132,6 +139,97 @@ def elastic_rounds_world(comm, plan: list[dict], seed: int, note_dir: str) -> di
     return {"me": me, "rounds": rounds}
 
 
+JOIN_STEPS = 2  # elastic steps a join round runs at least
+
+
+def _join_round(me: int, rnd: dict, note_dir: str) -> dict:
+    """The members' join round: a newcomer (``elastic_newcomer``) registers once rank 0
+    says so, ``elastic.step`` admits it at a step boundary, and ``victim`` (an init rank,
+    or "new": the newcomer) dies at the join point ``at``."""
+    comm = commlab.get_communicator()
+    before = comm.world_size
+    acc = commlab.symmetric_zeros((33,))
+    state = elastic.State(acc=acc, step=0)
+    commlab.barrier()  # every member is in the round before the newcomer may register
+    if me == rnd["victim"]:
+        _kill_points.arm(rnd["at"], lambda: _die(note_dir, me))
+    if comm.rank == 0:
+        _note(note_dir, "join_round", 1)
+    log = _elastic_steps(state, note_dir)
+    return {"join": True, **_joined_world(state, before, log)}
+
+
+def _elastic_steps(state, note_dir: str) -> list:
+    """``elastic.step`` until JOIN_STEPS steps are done and the newcomer is a member or
+    dead (rank 0 decides, every member reads its verdict); each step's all_reduce is
+    checked and adds 1 to the symmetric ``acc``. Returns (step, world size) per commit."""
+    log = []
+    while True:
+        stop = None
+        with elastic.step(state, grow_timeout=1.5):
+            comm = commlab.get_communicator()
+            w = comm.world_size
+            y = commlab.all_reduce(torch.full((100,), float(comm.rank + 1)))
+            assert torch.all(y == w * (w + 1) / 2), ("elastic step", w, y[:4])
+            state.acc.add_(1.0)
+            state.step += 1
+            stop = comm.members.share(
+                "stop", str(int(_settled(comm, state, note_dir))) if comm.rank == 0 else None)
+        if stop is not None:  # committed (a step that met a loss is redone)
+            log.append((state.step, w))
+            if stop == "1":
+                return log
+
+
+def _settled(comm, state, note_dir: str) -> bool:
+    path = os.path.join(note_dir, "pid_new")
+    if state.step < JOIN_STEPS or not os.path.exists(path):
+        return False
+    with open(path) as f:
+        pid = int(f.read())
+    return pid in comm.members.pids or not alive(pid)
+
+
+def _joined_world(state, before: int, log: list) -> dict:
+    comm = commlab.get_communicator()
+    w = comm.world_size
+    y = commlab.all_reduce(torch.full((1000,), float(comm.rank + 1)))
+    return {"before": before, "world": w, "rank": comm.rank, "step": state.step,
+            "log": log, "members": list(comm.members.origin), "pids": list(comm.members.pids),
+            "generation": comm.generation, "events": list(state.events),
+            "acc_ok": bool(torch.all(state.acc == state.step)),
+            "y_ok": bool(torch.all(y == w * (w + 1) / 2)),
+            "current": commlab.get_communicator() is comm}
+
+
+def elastic_newcomer(_, note_dir: str, at: str | None = None) -> dict:
+    """The join round's newcomer: waits for rank 0's note, notes its pid, joins (again
+    after a grow that aborted; after a loss in its own join it shrinks with the members)
+    and runs the members' elastic steps; ``at``: the join point where it dies."""
+    while not os.path.exists(os.path.join(note_dir, "join_round")):
+        time.sleep(0.005)
+    _note(note_dir, "pid_new", os.getpid())
+    if at is not None:
+        _kill_points.arm(at, lambda: _die(note_dir, -1))
+    attempts = []
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            commlab.init(join=True, timeout=max(1.0, deadline - time.monotonic()))
+            break
+        except commlab.RankLostError as e:  # a member died while the grown group connected
+            attempts.append(f"lost {e.lost}")
+            commlab.shrink()
+            break
+        except commlab.CommlabError as e:  # the grow aborted: wait for the next one
+            attempts.append(str(e)[:120])
+            if time.monotonic() > deadline:
+                raise
+    state = elastic.State(acc=None, step=0)
+    log = _elastic_steps(state, note_dir)
+    return {"me": "new", "attempts": attempts, **_joined_world(state, -1, log)}
+
+
 @triton.jit
 def _barrier_kernel(ctx):
     cl.barrier(ctx)
@@ -142,7 +240,13 @@ def store_rank_dies_world(comm, note_dir: str) -> dict:
     kernel's ``cl.barrier``; their RankLostError and shrink."""
     _note(note_dir, f"pid{comm.rank}", os.getpid())
     commlab.barrier()
+    # rank 0 leaves the barrier first maybe: it dies once every peer has left it too (a
+    # peer still waiting in it for a third rank would see the death there)
+    _note(note_dir, f"past{comm.rank}", 1)
     if comm.rank == 0:
+        while not all(os.path.exists(os.path.join(note_dir, f"past{r}"))
+                      for r in range(comm.world_size)):
+            time.sleep(0.005)
         _die(note_dir, 0)
     try:
         _barrier_kernel[(1,)](comm.context)

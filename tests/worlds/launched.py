@@ -5,16 +5,18 @@
 
 Every rank runs ``--steps`` checked all_reduces (step s: rank r gives r + 1 + s). Rank
 ``--victim`` (its RANK at start) SIGKILLs itself before step ``--at``; the survivors catch
-RankLostError, shrink and redo that step. ``--grow``: after the shrink the members call
-``commlab.grow(1)`` and the launcher's replacement (COMMLAB_JOIN=1) is admitted and
-takes the step count from rank 0. ``--hang``: every rank waits in a loop for a signal
-(the launcher's forwarded SIGTERM) and notes it. ``--pace S``: sleep S between steps.
+RankLostError, shrink and redo that step (the earliest step any survivor was in).
+``--grow``: after the shrink the members call ``commlab.grow(1)`` and the launcher's
+replacement (COMMLAB_JOIN=1) is admitted and takes the step count from rank 0.
+``--hang``: every rank waits in a loop for a signal (the launcher's forwarded SIGTERM)
+and notes it. ``--pace S``: sleep S between steps.
 Each worker writes OUT/<pid>.started after init and OUT/<pid>.json at the end.
 """
 
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
 import signal
@@ -45,6 +47,7 @@ def _hang(out: str, rec: dict) -> None:
 
 
 def main() -> None:
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # a hung worker's stacks
     p = argparse.ArgumentParser()
     p.add_argument("out")
     p.add_argument("--steps", type=int, default=6)
@@ -81,6 +84,9 @@ def main() -> None:
             rec["t_lost"] = time.time()
             comm = commlab.shrink()
             rec["sizes"].append(comm.world_size)
+            # a survivor whose part of step s had finished before the loss (a link cut
+            # mid-step) is one step ahead: the survivors go on from the earliest
+            step = int(commlab.all_reduce(torch.tensor([float(step)]), op="min")[0])
             if a.grow:
                 comm = commlab.grow(1, timeout=120)
                 commlab.broadcast(torch.tensor([float(step)]), src=0)

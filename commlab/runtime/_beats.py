@@ -1,0 +1,72 @@
+"""Heartbeats for members on other hosts, whose processes ``/proc`` cannot see.
+
+A thread per rank of a world across hosts, on a store connection of its own, counts
+``beat/<rank>`` up in the world's store every ``COMMLAB_PEER_TIMEOUT / 4`` s and reads
+the counts of the ranks on the other hosts. A member on another host is lost once its
+count has not moved for ``COMMLAB_PEER_TIMEOUT`` s (its process died, or its host's link
+was cut). The store must outlive ranks and sit where the survivors reach it (the
+launcher's, on node 0).
+
+The thread does every store call: a store out of reach blocks a call for the store's
+own timeout (a TCPStore ``add`` does not honour a shorter one), and the thread may block
+where the rank must not. So the rank only reads what the thread saw; when the thread got
+no answer for the peer timeout, this rank is the one cut off, and it raises
+``CommlabError`` saying so.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import torch.distributed as dist
+
+from commlab.errors import CommlabError
+
+
+class Beats:
+    """This rank's heartbeat thread and what it saw of the other hosts' members."""
+
+    def __init__(self, store: dist.Store, rank: int, others: list[int], peer_timeout: float):
+        self.peer_timeout = peer_timeout
+        self.every = peer_timeout / 4
+        now = time.monotonic()
+        self._seen = {r: (-1, now) for r in others}  # rank -> (count, when it moved)
+        self._answered = now  # when the store last answered the thread
+        self._stop = threading.Event()
+        self._error = ""
+        conn = store.clone()  # type: ignore[attr-defined]  # PrefixStore/TCPStore have it
+        conn.add(f"beat/{rank}", 1)  # one beat before init returns
+        self._thread = threading.Thread(target=self._run, args=(conn, f"beat/{rank}"),
+                                        name="commlab-beat", daemon=True)
+        self._thread.start()
+
+    def _run(self, store: dist.Store, key: str) -> None:
+        while not self._stop.wait(self.every):
+            try:
+                store.add(key, 1)
+                counts = {r: store.add(f"beat/{r}", 0) for r in self._seen}
+            except Exception as e:  # noqa: BLE001 - the store is gone: the rank says so
+                self._error = str(e)
+                return
+            now = time.monotonic()
+            for r, count in counts.items():
+                if count != self._seen[r][0]:
+                    self._seen[r] = (count, now)
+            self._answered = now
+
+    def silent(self, rank: int) -> bool:
+        """Whether ``rank``'s count has not moved for the peer timeout; raises
+        CommlabError when this rank has not reached the store for as long."""
+        now = time.monotonic()
+        if now - self._answered > self.peer_timeout + self.every:
+            why = f" ({self._error})" if self._error else ""
+            raise CommlabError(
+                f"the world's store did not answer for {now - self._answered:.1f} s{why}; "
+                f"this host is cut off from the host that serves it, so this rank cannot "
+                f"go on: its peers on the other hosts shrink without it")
+        # silent while the store kept answering: a rank cut off itself sees no one silent
+        return self._answered - self._seen[rank][1] > self.peer_timeout
+
+    def stop(self) -> None:
+        self._stop.set()
