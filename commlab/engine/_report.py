@@ -171,10 +171,13 @@ def _is_commlab(path: str) -> bool:
 
 
 def _relevant_thread(threads):
-    """The thread running the cell: it has a cell frame or a commlab frame."""
-    for frames in threads:
-        if any(CELL_FILE.search(f) or _is_commlab(f) for f, _, _ in frames):
-            return frames
+    """The thread running the cell: the one with a cell frame, else one with a commlab
+    frame (commlab's own background threads, such as the heartbeats of a world across
+    hosts, have commlab frames too: a cell's thread comes first)."""
+    for match in (CELL_FILE.search, _is_commlab):
+        for frames in threads:
+            if any(match(f) for f, _, _ in frames):
+                return frames
     return threads[0] if threads else []
 
 

@@ -252,6 +252,13 @@ def store_rank_dies_world(comm, note_dir: str) -> dict:
         _barrier_kernel[(1,)](comm.context)
     except commlab.RankLostError as e:
         caught, text = time.time(), str(e)
+    # a survivor that has caught it stays until every survivor has: one that left first
+    # would be a second lost rank to a survivor still waiting
+    _note(note_dir, f"caught{comm.rank}", 1)
+    deadline = time.monotonic() + 30
+    notes = [os.path.join(note_dir, f"caught{r}") for r in range(1, comm.world_size)]
+    while time.monotonic() < deadline and not all(map(os.path.exists, notes)):
+        time.sleep(0.005)
     t0 = time.monotonic()
     try:
         commlab.shrink()
