@@ -90,6 +90,32 @@ def test_online_selection_leaves_a_wrong_table_choice_on_every_rank(world):
     assert res[0]["history"], "rank 0 recorded no decision"
 
 
+def _retuned(comm, n_calls):
+    from commlab import tuning
+    from commlab.collectives import _adapt, _select
+
+    _select.use_tuning(lambda c, op, dtype, nbytes: "ring" if op == "all_reduce" else None)
+    x = torch.ones(1024)
+    for _ in range(n_calls):
+        commlab.all_reduce(x)
+    before = [st["table"] for st in _adapt.state(comm).values()]
+    _select.use_tuning(tuning.lookup)
+    commlab.tune(sizes=["4KiB"], iters=1, progress=False, save=False)
+    after_tune = _adapt.state(comm)
+    commlab.all_reduce(x)
+    commlab.synchronize()
+    return {"before": before, "after_tune": len(after_tune),
+            "table": [st["table"] for st in _adapt.state(comm).values()],
+            "tuned": tuning.lookup(comm, "all_reduce", torch.float32, 4096)}
+
+
+def test_tune_restarts_online_selection_from_the_new_tables_choice(world):
+    res = world(_retuned, 2, 5, env={"COMMLAB_ADAPT": "1"}, timeout=300)
+    for r in res:
+        assert r["before"] == ["ring"] and r["after_tune"] == 0, r
+        assert r["tuned"] is not None and r["table"] == [r["tuned"]], r
+
+
 def _slow_one_shot_reader(comm, n_calls, delay):
     import sys
 

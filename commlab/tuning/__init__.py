@@ -84,6 +84,9 @@ def _install(comm, table: TuningTable | None) -> None:
     if plans:
         for key in [k for k in plans if k and k[0] in TUNABLE and k[-1] == "auto"]:
             del plans[key]
+    # online selection (COMMLAB_ADAPT) starts again from the new table's choices
+    if getattr(comm, "adapt", None):
+        comm.adapt = {}
 
 
 def _read_table(comm) -> TuningTable | None:
