@@ -126,8 +126,8 @@ class Launcher:
                 self.say(f"finished: {len(done)} workers exited 0; lost on the way: "
                          f"{', '.join(f'{w.name()} ({exit_str(c)})' for w, c in lost)}")
             return 0
-        self.say("failed: " + ", ".join(f"{w.name()} {exit_str(c)}" for w, c in self.ended
-                                        if c != 0))
+        failed = sorted(((w, c) for w, c in self.ended if c != 0), key=lambda e: e[0].rank)
+        self.say("failed: " + ", ".join(f"{w.name()} {exit_str(c)}" for w, c in failed))
         return 1
 
     @staticmethod
