@@ -16,6 +16,7 @@ no answer for the peer timeout, this rank is the one cut off, and it raises
 
 from __future__ import annotations
 
+import atexit
 import threading
 import time
 
@@ -40,6 +41,9 @@ class Beats:
         self._thread = threading.Thread(target=self._run, args=(conn, f"beat/{rank}"),
                                         name="commlab-beat", daemon=True)
         self._thread.start()
+        # stopped before the interpreter exits: a thread inside a store call while the
+        # process tears torch down aborts it ("terminate called without an active exception")
+        atexit.register(self.stop)
 
     def _run(self, store: dist.Store, key: str) -> None:
         while not self._stop.wait(self.every):
@@ -69,4 +73,7 @@ class Beats:
         return self._answered - self._seen[rank][1] > self.peer_timeout
 
     def stop(self) -> None:
+        """Stop the thread; waits for its store call in flight (at most a beat or two)."""
         self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=2 * self.every + 1.0)
