@@ -41,3 +41,10 @@ def test_a_world_that_changes_a_setting_read_at_import_is_spawned_and_sees_it():
     with pytest.raises(ValueError, match="COMMLAB_RECORDS"):
         run_world(run_world_env.records_on, 2, env={"COMMLAB_RECORDS": "0"},
                   start="forkserver")
+
+
+def test_the_rank_serving_the_store_stays_until_its_peers_read_their_last_share():
+    # rank 0 returns (and finalizes) right after its last set; rank 1 reads 1.5 s later:
+    # the store must still be served then (CI once saw "Connection reset by peer" here)
+    out = run_world(run_world_env.last_share_read_late, 2, args=(1.5,))
+    assert [r["value"] for r in out] == ["from rank 0"] * 2

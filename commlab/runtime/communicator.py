@@ -168,6 +168,8 @@ class Communicator:
             self._device_sync()  # no check of calls that ran ahead: peers may be gone
         except Exception:  # a broken device must not stop the rest of the cleanup
             pass
+        if self.members is not None:  # the store's server stays until the peers are done
+            self.members.leave()
         if self._local is not None:
             self._local.close()
         self.heap.closed = True

@@ -195,6 +195,29 @@ class Membership:
             pause = min(pause * 2, 0.005)
         return store.get(key).decode()
 
+    def leave(self, grace: float = 10.0) -> None:
+        """Say this member is done with the world (``Communicator.close``). The member whose
+        process serves the store then waits until every live member said so, at most
+        ``grace`` s: a peer still reading the last ``share`` (or any store key) would
+        otherwise lose the store mid-read ("Connection reset by peer")."""
+        store = self.store
+        if store is None or self.world_size == 1:
+            return
+        prefix = f"left/g{self.generation}/"
+        try:
+            store.set(prefix + str(self.rank), "1")
+            if self.rank != self.store_rank:
+                return
+            deadline = time.monotonic() + grace
+            pending = [r for r in range(self.world_size) if r != self.rank]
+            while pending and time.monotonic() < deadline:
+                lost = self.lost(now=True)
+                pending = [r for r in pending
+                           if r not in lost and not store.check([prefix + str(r)])]
+                time.sleep(0.005)
+        except (RuntimeError, OSError):  # the store is gone already: nobody can read it
+            return
+
     # -- the next generation ----------------------------------------------------------------
     def shrunk(self, keep: list[int]) -> Membership:
         """The membership of the members ``keep`` (old ranks, ascending), renumbered."""

@@ -21,3 +21,14 @@ def records_on(comm) -> dict:
 
     return {"host": records.enabled(), "kernels": bool(language.RECORDS.value),
             "ppid": os.getppid()}
+
+
+def last_share_read_late(comm, delay: float) -> dict:
+    """Rank 0 (serving the store) shares a value and returns at once; the others read it
+    only ``delay`` s later, after rank 0 reached ``finalize``."""
+    import time
+
+    if comm.rank != 0:
+        time.sleep(delay)
+    value = comm.members.share("last", "from rank 0" if comm.rank == 0 else None)
+    return {"value": value, "at": time.monotonic()}
