@@ -170,10 +170,18 @@ def get(name: str) -> Any:
     text = raw(name)
     if text is None:
         return None
+    key = (name, text)
+    value = _PARSED.get(key, _PARSED)
+    if value is not _PARSED:  # read on the hot path (every call): parsed once per text
+        return value
     try:
-        return VARS[name].parse(text)
+        value = _PARSED[key] = VARS[name].parse(text)
     except ValueError as e:
         raise ValueError(f"{name}={text!r} cannot be read: {e}; {VARS[name].doc}") from None
+    return value
+
+
+_PARSED: dict[tuple[str, str], Any] = {}  # (name, text) -> parsed: the values are immutable
 
 
 def table() -> str:
