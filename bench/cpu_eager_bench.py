@@ -17,19 +17,19 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import io
 import json
 import os
-import pstats
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from bench._cpu_timing import profile_text, round_us, slowest  # noqa: E402
+
 # (op, total bytes as nccl-tests counts them: all_gather's output, the others' input)
 CASES = (("all_reduce", 256 << 10), ("all_reduce", 4 << 20), ("all_gather", 256 << 10),
          ("reduce_scatter", 256 << 10), ("broadcast", 256 << 10), ("all_to_all", 256 << 10))
@@ -78,14 +78,6 @@ def _calls(op: str, nbytes: int, world: int, rank: int, groups: dict, gen):
     return out
 
 
-def _round_us(fn, iters: int, gloo) -> float:
-    dist.barrier(group=gloo)
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    return (time.perf_counter() - t0) / iters * 1e6
-
-
 def _profile(comm, rank: int) -> str:
     import commlab
 
@@ -101,11 +93,8 @@ def _profile(comm, rank: int) -> str:
             commlab.all_reduce(x)
         comm.synchronize()
         prof.disable()
-        for key, top in (("cumulative", 45), ("tottime", 25)):
-            s = io.StringIO()
-            pstats.Stats(prof, stream=s).strip_dirs().sort_stats(key).print_stats(top)
-            text.append(f"## rank {rank}: all_reduce {n} fp32 ({n * 4} B), 5 calls, by {key}\n"
-                        + s.getvalue())
+        text += profile_text(prof, f"rank {rank}: all_reduce {n} fp32 ({n * 4} B), 5 calls",
+                             (("cumulative", 45), ("tottime", 25)))
     return "\n".join(text)
 
 
@@ -135,15 +124,14 @@ def bench(comm, iters: int, reps: int, profile: bool) -> dict:
         times: dict[str, list[float]] = {impl: [] for impl in IMPLS}
         for _ in range(reps):
             for impl in IMPLS:
-                times[impl].append(_round_us(calls[impl][1], iters, groups["gloo"]))
+                times[impl].append(round_us(calls[impl][1], iters, groups["gloo"]))
                 if bar is not None:
                     bar.update()
         comm.synchronize()
         for impl in IMPLS:
-            worst = torch.tensor([statistics.median(times[impl])], dtype=torch.float64)
-            dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=groups["gloo"])
+            worst = slowest(statistics.median(times[impl]), groups["gloo"])
             records.append(Record.measured(op=op, impl=impl, dtype="float32", nbytes=nbytes,
-                                           world_size=world, time_us=float(worst),
+                                           world_size=world, time_us=worst,
                                            device=device, commit=commit, mode="eager"))
     if bar is not None:
         bar.close()

@@ -24,19 +24,19 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import io
 import json
 import os
-import pstats
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from bench._cpu_timing import profile_text, round_us, slowest  # noqa: E402
+
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
 SIZES = (8, 1 << 10, 64 << 10, 1 << 20)  # total bytes (fp32)
 IMPLS = ("commlab:auto", "torch-backend:commlab")
@@ -110,14 +110,6 @@ def _check(op: str, n: int, world: int, rank: int, groups: dict, gen) -> None:
                                    msg=lambda m, impl=impl: f"{op} {n} fp32 {impl}: {m}")
 
 
-def _round_us(fn, iters: int, gloo) -> float:
-    dist.barrier(group=gloo)
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    return (time.perf_counter() - t0) / iters * 1e6
-
-
 def _profile(world: int, rank: int, groups: dict, calls: int) -> str:
     """Rank 0's cProfile of ``calls`` backend calls of every op at PROFILE_BYTES."""
     text = []
@@ -134,11 +126,8 @@ def _profile(world: int, rank: int, groups: dict, calls: int) -> str:
             for _ in range(calls):
                 backend(groups["commlab"])
             prof.disable()
-        for key, top in (("tottime", 30), ("cumulative", 45)):
-            s = io.StringIO()
-            pstats.Stats(prof, stream=s).strip_dirs().sort_stats(key).print_stats(top)
-            text.append(f"## rank {rank}: {calls} backend calls of each op at {nbytes} B, "
-                        f"by {key}\n" + s.getvalue())
+        text += profile_text(prof, f"rank {rank}: {calls} backend calls of each op at "
+                             f"{nbytes} B", (("tottime", 30), ("cumulative", 45)))
     return "\n".join(text)
 
 
@@ -167,18 +156,15 @@ def bench(comm, sizes: tuple, iters: int, reps: int, profile_calls: int) -> dict
             times: dict[str, list[float]] = {impl: [] for impl in IMPLS}
             for r in range(reps):  # alternate which goes first: drift cancels
                 for impl in (IMPLS if r % 2 == 0 else IMPLS[::-1]):
-                    times[impl].append(_round_us(fns[impl], iters, groups["gloo"]))
+                    times[impl].append(round_us(fns[impl], iters, groups["gloo"]))
             comm.synchronize()
             paired = statistics.median(b / d for d, b in zip(*times.values(), strict=True))
-            worst = torch.tensor([paired], dtype=torch.float64)
-            dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=groups["gloo"])
-            ratios[(op, n * 4)] = float(worst)
+            ratios[(op, n * 4)] = slowest(paired, groups["gloo"])
             for impl in IMPLS:
-                worst = torch.tensor([statistics.median(times[impl])], dtype=torch.float64)
-                dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=groups["gloo"])
+                worst = slowest(statistics.median(times[impl]), groups["gloo"])
                 records.append(Record.measured(op=op, impl=impl, dtype="float32",
                                                nbytes=n * 4, world_size=world,
-                                               time_us=float(worst), device=device,
+                                               time_us=worst, device=device,
                                                commit=commit, mode="eager"))
     prof = _profile(world, rank, groups, profile_calls) if profile_calls else ""
     dist.barrier(group=groups["gloo"])
