@@ -143,12 +143,14 @@ class Membership:
     def behind(self, e: BaseException, what: str) -> RankLostError | None:
         """The RankLostError behind ``e``, an error of a host-side exchange (gloo says
         "Connection closed by peer"), or None. A dying process's sockets close a moment
-        before ``/proc`` shows it dead, so such an error waits up to the peer timeout."""
+        before ``/proc`` shows it dead, so such an error waits up to the peer timeout
+        (plus two beats for a member on another host: its silence is seen that late)."""
         if isinstance(e, CommlabError):
             return None
         text = str(e)
         patient = any(w in text for w in ("Connection", "connection", "gloo", "peer"))
-        deadline = time.monotonic() + (self.peer_timeout if patient else 0.0)
+        wait = self.peer_timeout + (2.5 * self.beats.every if self.beats is not None else 0)
+        deadline = time.monotonic() + (wait if patient else 0.0)
         while True:
             lost = self.lost(now=True)
             if lost:
@@ -174,6 +176,16 @@ class Membership:
             time.sleep(pause)
             pause = min(pause * 2, 0.002)
         work.wait()
+
+    def wait_all(self, works: list, what: str) -> None:
+        """``wait`` for each of ``works``; on a loss every one still pending is kept
+        referenced too (``ABANDONED``)."""
+        try:
+            for work in works:
+                self.wait(work, what)
+        except BaseException:
+            ABANDONED.extend(works)
+            raise
 
     def share(self, name: str, value: str | None) -> str:
         """Member 0's ``value`` on every member, through the store (collective: every

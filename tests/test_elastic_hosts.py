@@ -1,0 +1,70 @@
+"""Shrink across hosts: survivors on several hosts continue as a world across them.
+
+Hosts are split on one machine (``COMMLAB_HOSTS``; members of another host are watched
+through heartbeats in the store, as on real hosts) and the parent serves the store.
+``tests/test_run_hosts.py`` does the same on simulated hosts under the launcher.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from commlab.testing import run_world
+from tests.conftest import assert_checks
+from tests.test_faults import assert_nothing_left
+from tests.worlds.elastic_hosts import shrink_across_hosts_world
+
+PEER_TIMEOUT = 1.0
+ENV = {"COMMLAB_TIMEOUT": "60", "COMMLAB_PEER_TIMEOUT": str(PEER_TIMEOUT),
+       "COMMLAB_HOSTS": "2"}
+SECTIONS = ("symmetric", "all_reduce", "all_gather", "reduce_scatter", "all_to_all",
+            "broadcast", "barrier", "ag_gemm", "gemm_rs")
+
+
+def _shrunk(tmp_path, world: int, victims: list[int], seed: int) -> list[dict]:
+    res = run_world(shrink_across_hosts_world, world, kwargs={
+        "victims": victims, "at": 2, "steps": 5, "seed": seed, "note_dir": str(tmp_path)},
+        timeout=240, env=ENV, store="parent", allow_killed=True)
+    assert [i for i, r in enumerate(res) if r is None] == victims, res
+    survivors = [r for r in res if r is not None]
+    killed = min(float((tmp_path / f"killed{v}").read_text()) for v in victims)
+    for r in survivors:
+        r["kill_to_first_s"] = r["t_first"] - killed
+        print(f"rank {r['start_rank']}: shrink {r['shrink_s']:.3f} s, kill to first correct "
+              f"collective {r['kill_to_first_s']:.3f} s")
+    assert_nothing_left([p for r in survivors for p in r["pids0"]])
+    return survivors
+
+
+def test_a_rank_lost_on_one_host_leaves_survivors_on_both_hosts_one_world(tmp_path, seed):
+    """2 hosts x 2 ranks, rank 3 (host 1) SIGKILLed mid-training: ranks 0, 1 (host 0) and
+    2 (host 1) get RankLostError naming it, shrink to a world of 3 across the 2 hosts
+    (hosts [[0, 1], [2]]), keep their symmetric tensors' contents, and every collective
+    matches gloo in the new world."""
+    survivors = _shrunk(tmp_path, 4, [3], seed)
+    for new_rank, r in enumerate(survivors):
+        assert r["lost"] == [[3]], r["lost"]
+        assert (r["rank"], r["world_size"], r["generation"]) == (new_rank, 3, 1), r
+        assert r["hosts"] == [[0, 1], [2]], r["hosts"]
+        assert r["local"] == ([new_rank, 2] if new_rank < 2 else [0, 1]), r["local"]
+        assert r["local_ctx"] == r["local"]  # what kernels see: the host's new numbering
+        assert r["kept"] == [100.0 * r["start_rank"] + i for i in range(6)], r["kept"]
+        assert all(ok for _, _, ok in r["steps"]) and r["steps"][-1][:2] == [4, 3], r
+        assert r["kill_to_first_s"] < 2 * PEER_TIMEOUT + 5, r
+    for section in SECTIONS:
+        assert_checks(survivors, section)
+
+
+@pytest.mark.slow  # ~60 s on 2 cores: 6 interpreted ranks
+def test_survivors_on_three_hosts_of_different_sizes_shrink_and_match_gloo(tmp_path, seed):
+    """3 hosts x 2 ranks; ranks 1 (host 0) and 4 (host 2) die: hosts [[0], [1, 2], [3]]
+    after the shrink, where the rank of a one-rank host stands in for the local index
+    its host lacks."""
+    survivors = _shrunk(tmp_path, 6, [1, 4], seed)
+    for new_rank, r in enumerate(survivors):
+        assert sorted(sum(r["lost"], [])) in ([1, 4], [1], [4]), r["lost"]
+        assert (r["rank"], r["world_size"]) == (new_rank, 4), r
+        assert r["hosts"] == [[0], [1, 2], [3]], r["hosts"]
+        assert r["kept"] == [100.0 * r["start_rank"] + i for i in range(6)], r["kept"]
+    for section in SECTIONS:
+        assert_checks(survivors, section)

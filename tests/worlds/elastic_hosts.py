@@ -1,0 +1,94 @@
+"""Rank functions for tests/test_elastic_hosts.py: a world across hosts (``COMMLAB_HOSTS``
+splits one machine, the parent serves the store) loses ranks mid-training; survivors on
+several hosts shrink and every public collective is checked against gloo after.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import torch
+
+import commlab
+from tests.worlds._checks import Checks, gloo_all_gather, gloo_all_reduce, random_tensor
+from tests.worlds.hosts import _all_reduce, _overlap
+
+DTYPES = (torch.float32, torch.int32)
+
+
+def _moves(checks: Checks, gen, comm) -> None:
+    """all_gather, reduce_scatter, all_to_all, broadcast from every rank, barrier."""
+    W, me = comm.world_size, comm.rank
+    for dtype in DTYPES:
+        x = random_tensor(gen, (W * 3, 5), dtype)
+        with checks.case("all_gather", f"{dtype}"):
+            ref = torch.cat(gloo_all_gather(x)).to(dtype)
+            torch.testing.assert_close(commlab.all_gather(x), ref, rtol=0, atol=0)
+        with checks.case("reduce_scatter", f"{dtype}"):
+            ref = gloo_all_reduce(x, "sum").view(W, 3, 5)[me].to(dtype)
+            torch.testing.assert_close(commlab.reduce_scatter(x), ref, rtol=1e-5, atol=1e-4)
+        with checks.case("all_to_all", f"{dtype}"):
+            ref = torch.cat([p.view(W, 3, 5)[me] for p in gloo_all_gather(x)]).to(dtype)
+            torch.testing.assert_close(commlab.all_to_all(x), ref, rtol=0, atol=0)
+        for src in range(W):
+            with checks.case("broadcast", f"{dtype} src={src}"):
+                ref = gloo_all_gather(x)[src].to(dtype)
+                torch.testing.assert_close(commlab.broadcast(x, src=src), ref, rtol=0, atol=0)
+    with checks.case("barrier", "barrier, twice"):
+        commlab.barrier()
+        commlab.barrier()
+
+
+def shrink_across_hosts_world(comm, victims: list[int], at: int, steps: int,
+                              seed: int, note_dir: str) -> dict:
+    """Ranks ``victims`` SIGKILL themselves before step ``at`` of a loop of checked
+    all_reduces; the survivors shrink, redo the step from the earliest survivor's, and
+    check the new world (host map, symmetric tensor contents, every collective). A victim
+notes when it died in ``note_dir``/killed<rank>; a survivor returns when its first
+correct collective after the shrink ended (``t_first``)."""
+    start, W0 = comm.rank, comm.world_size
+    rec: dict = {"pid": os.getpid(), "start_rank": start, "hosts0": comm.hosts, "steps": [],
+                 "lost": []}
+    kept = commlab.symmetric_empty((6,))  # this rank's rows, kept through the shrink
+    kept.copy_(100.0 * start + torch.arange(6.0))
+    rec["pids0"] = commlab.all_gather(torch.tensor([os.getpid()], dtype=torch.int32)).tolist()
+    step = 0
+    while step < steps:
+        if start in victims and step == at:
+            with open(os.path.join(note_dir, f"killed{start}"), "w") as f:
+                f.write(repr(time.time()))
+            os.kill(os.getpid(), signal.SIGKILL)
+        try:
+            w = comm.world_size
+            y = commlab.all_reduce(torch.full((7,), float(comm.rank + 1 + step)))
+            ok = bool(torch.all(y == w * (w + 1) / 2 + w * step))
+            rec["steps"].append([step, w, ok])
+            if rec["lost"] and "t_first" not in rec:
+                rec["t_first"] = time.time()  # the first correct collective after the shrink
+            step += 1
+        except commlab.RankLostError as e:
+            rec["lost"].append(e.lost)
+            rec["t_lost"] = time.time()
+            t0 = time.perf_counter()
+            comm = commlab.shrink()
+            rec["shrink_s"] = time.perf_counter() - t0
+            step = int(commlab.all_reduce(torch.tensor([float(step)]), op="min")[0])
+    rec.update(rank=comm.rank, world_size=comm.world_size, hosts=comm.hosts,
+               local=[comm.local.rank, comm.local.world_size],
+               local_ctx=[int(comm.local.context[0]), int(comm.local.context[1])],
+               generation=comm.generation, kept=kept.tolist())
+    checks = Checks(comm.rank)
+    gen = torch.Generator().manual_seed(seed + comm.rank)
+    with checks.case("symmetric", "a tensor allocated before the shrink in a collective"):
+        out = commlab.all_reduce(kept)
+        torch.testing.assert_close(out, gloo_all_reduce(kept, "sum"), rtol=0, atol=0)
+        fresh = commlab.symmetric_zeros((9,))
+        assert fresh.sum().item() == 0
+    _all_reduce(checks, gen)
+    _moves(checks, gen, comm)
+    _overlap(checks, gen, comm)
+    rec.update(checks.result())
+    return rec
+
