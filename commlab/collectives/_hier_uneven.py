@@ -57,7 +57,7 @@ def all_reduce(comm: Communicator, x: torch.Tensor, algorithm: str, op: str) -> 
         y = _local_all_reduce(x, op=op, algorithm=algorithm)  # the host's reduction
     outs = [y] + [y.clone() for _ in _groups(comm)[1:]]
     _wait(comm, "all_reduce", [dist.all_reduce(o, op=_TORCH_OPS[op], group=g, async_op=True)
-                               for o, (g, _, _) in zip(outs, _groups(comm))])
+                               for o, (g, _, _) in zip(outs, _groups(comm), strict=True)])
     return y
 
 
@@ -71,9 +71,9 @@ def all_gather(comm: Communicator, x: torch.Tensor, algorithm: str) -> torch.Ten
     block[: mine.shape[0]] = mine
     parts = [[torch.empty_like(block) for _ in ranks] for _, ranks, _ in _groups(comm)]
     _wait(comm, "all_gather", [dist.all_gather(p, block, group=g, async_op=True)
-                               for p, (g, _, _) in zip(parts, _groups(comm))])
+                               for p, (g, _, _) in zip(parts, _groups(comm), strict=True)])
     rows = out.view(W, n, *rest)
-    for part, h in zip(parts[0], comm.across.cross_hosts):  # type: ignore[union-attr]
+    for part, h in zip(parts[0], comm.across.cross_hosts, strict=True):  # type: ignore[union-attr]
         ranks = comm.hosts[h]
         rows[ranks] = part[: len(ranks) * n].view(len(ranks), n, *rest)
     return out
@@ -89,7 +89,7 @@ def broadcast(comm: Communicator, x: torch.Tensor, algorithm: str, src: int) -> 
     outs = [y] + [y.clone() for _ in _groups(comm)[1:]]
     _wait(comm, "broadcast", [
         dist.broadcast(o, src=ranks[where.index(src_host)], group=g, async_op=True)
-        for o, (g, ranks, where) in zip(outs, _groups(comm))])
+        for o, (g, ranks, where) in zip(outs, _groups(comm), strict=True)])
     return y
 
 

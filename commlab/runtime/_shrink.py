@@ -27,8 +27,8 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Callable
-from typing import Any
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
