@@ -1,6 +1,7 @@
 """``python -m commlab.run`` across 2 simulated hosts (tests/_hosts.py; root), one
 launcher per host: node 0 serves the store on its address and keeps it until node 1's
-launcher is done; cutting host 1's link leaves host 0's ranks training after a
+launcher is done; a rank of host 1 SIGKILLed leaves the three others training across
+both hosts after a shrink; cutting host 1's link leaves host 0's ranks training after a
 shrink. Skipped without root or ``ip netns``."""
 
 from __future__ import annotations
@@ -60,6 +61,30 @@ def test_one_launcher_per_host_runs_a_world_across_hosts(hosts, tmp_path):
     assert sorted(r["start_rank"] for r in records) == [0, 1, 2, 3]
     assert all(r["steps"] == [[s, 4, True] for s in range(4)] for r in records), records
     assert f"store {hosts[0].addr}:{PORT} served here" in (tmp_path / "node0.log").read_text()
+    assert_nothing_left([r["pid"] for r in records])
+
+
+@pytest.mark.slow  # ~50 s on 2 cores; tests/test_elastic_hosts.py is the default CI check
+def test_a_rank_killed_on_one_host_leaves_three_ranks_training_across_both(hosts, tmp_path):
+    """Rank 3 (host 1) SIGKILLs itself before step 3: ranks 0, 1 (host 0) and 2 (host 1)
+    get RankLostError naming it, shrink to a world of 3 across the two hosts and train
+    every step to the end with correct results; both launchers end with 0."""
+    procs = _launchers(hosts, tmp_path, ["--steps", "8", "--victim", "3", "--at", "3"])
+    codes = _wait(procs, 240)
+    assert codes == [0, 0], _logs(tmp_path)
+    assert "was lost (killed by SIGKILL)" in (tmp_path / "node1.log").read_text()
+    records = sorted((json.loads(p.read_text()) for p in tmp_path.glob("*.json")),
+                     key=lambda r: r["start_rank"])
+    assert [r["start_rank"] for r in records] == [0, 1, 2], records
+    killed = float((tmp_path / "killed").read_text())
+    for new_rank, r in enumerate(records):
+        assert r["lost"] == [[3]] and r["sizes"] == [3] and r["generation"] == 1, r
+        assert r["rank"] == new_rank and r["hosts"] == [[0, 1], [2]], r
+        assert [s for s, _, _ in r["steps"]] == list(range(8)), r
+        assert [w for _, w, _ in r["steps"]] == [4] * 3 + [3] * 5, r
+        assert all(ok for _, _, ok in r["steps"]), r
+        print(f"rank {new_rank}: kill to first correct collective {r['t_first'] - killed:.3f} s")
+        assert r["t_first"] - killed <= 2 * float(ENV["COMMLAB_PEER_TIMEOUT"]) + 5, r
     assert_nothing_left([r["pid"] for r in records])
 
 

@@ -77,6 +77,8 @@ def main() -> None:
             y = commlab.all_reduce(torch.full((7,), float(comm.rank + 1 + step)))
             ok = bool(torch.all(y == w * (w + 1) / 2 + w * step))
             rec["steps"].append([step, w, ok])
+            if rec["lost"] and "t_first" not in rec:  # the first collective after a shrink
+                rec["t_first"] = time.time()
             step += 1
             time.sleep(a.pace)
         except commlab.RankLostError as e:
@@ -93,6 +95,7 @@ def main() -> None:
                 rec["sizes"].append(comm.world_size)
     rec["generation"] = comm.generation
     rec["rank"] = comm.rank
+    rec["hosts"] = comm.hosts
     _write(a.out, rec)
     commlab.finalize()
 
