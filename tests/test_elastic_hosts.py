@@ -20,12 +20,13 @@ SECTIONS = ("symmetric", "all_reduce", "all_gather", "reduce_scatter", "all_to_a
 
 
 def _shrunk(tmp_path, world: int, victims: list[int], seed: int,
-            peer_timeout: float = PEER_TIMEOUT) -> list[dict]:
+            peer_timeout: float = PEER_TIMEOUT, **later) -> list[dict]:
     res = run_world(shrink_across_hosts_world, world, kwargs={
-        "victims": victims, "at": 2, "steps": 5, "seed": seed, "note_dir": str(tmp_path)},
-        timeout=300, env={**ENV, "COMMLAB_PEER_TIMEOUT": str(peer_timeout)}, store="parent",
-        allow_killed=True)
-    assert [i for i, r in enumerate(res) if r is None] == victims, res
+        "victims": victims, "at": 2, "steps": 6, "seed": seed, "note_dir": str(tmp_path),
+        **later}, timeout=300, env={**ENV, "COMMLAB_PEER_TIMEOUT": str(peer_timeout)},
+        store="parent", allow_killed=True)
+    dead = sorted(victims + ([later["later"]] if later else []))
+    assert [i for i, r in enumerate(res) if r is None] == dead, res
     survivors = [r for r in res if r is not None]
     killed = min(float((tmp_path / f"killed{v}").read_text()) for v in victims)
     for r in survivors:
@@ -49,7 +50,7 @@ def test_a_rank_lost_on_one_host_leaves_survivors_on_both_hosts_one_world(tmp_pa
         assert r["local"] == ([new_rank, 2] if new_rank < 2 else [0, 1]), r["local"]
         assert r["local_ctx"] == r["local"]  # what kernels see: the host's new numbering
         assert r["kept"] == [100.0 * r["start_rank"] + i for i in range(6)], r["kept"]
-        assert all(ok for _, _, ok in r["steps"]) and r["steps"][-1][:2] == [4, 3], r
+        assert all(ok for _, _, ok in r["steps"]) and r["steps"][-1][:2] == [5, 3], r
         assert r["kill_to_first_s"] < 2 * PEER_TIMEOUT + 5, r
     for section in SECTIONS:
         assert_checks(survivors, section)
@@ -66,5 +67,20 @@ def test_survivors_on_three_hosts_of_different_sizes_shrink_and_match_gloo(tmp_p
         assert (r["rank"], r["world_size"]) == (new_rank, 4), r
         assert r["hosts"] == [[0], [1, 2], [3]], r["hosts"]
         assert r["kept"] == [100.0 * r["start_rank"] + i for i in range(6)], r["kept"]
+    for section in SECTIONS:
+        assert_checks(survivors, section)
+
+
+def test_a_second_loss_shrinks_the_uneven_world_again(tmp_path, seed):
+    """2 hosts x 2 ranks: rank 3 dies (hosts [[0, 1], [2]]), then rank 1 (host 0): the
+    survivors, ranks 0 and 2 at start, shrink again to one rank per host and match gloo."""
+    survivors = _shrunk(tmp_path, 4, [3], seed, later=1, later_at=4)
+    for new_rank, r in enumerate(survivors):
+        assert r["lost"] == [[3], [1]], r["lost"]  # rank 1 of the world of 3
+        assert (r["rank"], r["world_size"], r["generation"]) == (new_rank, 2, 2), r
+        assert r["hosts"] == [[0], [1]] and r["local"] == [0, 1], r
+        assert r["kept"] == [100.0 * r["start_rank"] + i for i in range(6)], r["kept"]
+        assert [w for _, w, _ in r["steps"]] == [4, 4, 3, 3, 2, 2], r["steps"]
+        assert all(ok for _, _, ok in r["steps"]), r["steps"]
     for section in SECTIONS:
         assert_checks(survivors, section)

@@ -42,9 +42,10 @@ def _moves(checks: Checks, gen, comm) -> None:
 
 
 def shrink_across_hosts_world(comm, victims: list[int], at: int, steps: int,
-                              seed: int, note_dir: str) -> dict:
+                              seed: int, note_dir: str, later: int = -1,
+                              later_at: int = -1) -> dict:
     """Ranks ``victims`` SIGKILL themselves before step ``at`` of a loop of checked
-    all_reduces; the survivors shrink, redo the step from the earliest survivor's, and
+    all_reduces (and rank ``later`` before step ``later_at``, after the first shrink); the survivors shrink, redo the step from the earliest survivor's, and
     check the new world (host map, symmetric tensor contents, every collective). A victim
 notes when it died in ``note_dir``/killed<rank>; a survivor returns when its first
 correct collective after the shrink ended (``t_first``)."""
@@ -56,7 +57,7 @@ correct collective after the shrink ended (``t_first``)."""
     rec["pids0"] = commlab.all_gather(torch.tensor([os.getpid()], dtype=torch.int32)).tolist()
     step = 0
     while step < steps:
-        if start in victims and step == at:
+        if (start in victims and step == at) or (start == later and step == later_at):
             with open(os.path.join(note_dir, f"killed{start}"), "w") as f:
                 f.write(repr(time.time()))
             os.kill(os.getpid(), signal.SIGKILL)
@@ -65,7 +66,7 @@ correct collective after the shrink ended (``t_first``)."""
             y = commlab.all_reduce(torch.full((7,), float(comm.rank + 1 + step)))
             ok = bool(torch.all(y == w * (w + 1) / 2 + w * step))
             rec["steps"].append([step, w, ok])
-            if rec["lost"] and "t_first" not in rec:
+            if rec["lost"] and "t_first" not in rec and len(rec["lost"]) == 1:
                 rec["t_first"] = time.time()  # the first correct collective after the shrink
             step += 1
         except commlab.RankLostError as e:
