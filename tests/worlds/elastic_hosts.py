@@ -45,9 +45,10 @@ def shrink_across_hosts_world(comm, victims: list[int], at: int, steps: int,
                               seed: int, note_dir: str, later: int = -1,
                               later_at: int = -1) -> dict:
     """Ranks ``victims`` SIGKILL themselves before step ``at`` of a loop of checked
-    all_reduces (and rank ``later`` before step ``later_at``, after the first shrink); the survivors shrink, redo the step from the earliest survivor's, and
-    check the new world (host map, symmetric tensor contents, every collective). A victim
-notes when it died in ``note_dir``/killed<rank>; a survivor returns when its first
+    all_reduces (rank ``later`` before step ``later_at``, after the first shrink); the
+    survivors shrink, redo the step from the earliest survivor's, and check the new world
+    (host map, symmetric tensor contents, every collective). A victim notes when it died
+    in ``note_dir``/killed<rank>; a survivor returns when its first
 correct collective after the shrink ended (``t_first``)."""
     start = comm.rank
     rec: dict = {"pid": os.getpid(), "start_rank": start, "hosts0": comm.hosts, "steps": [],
