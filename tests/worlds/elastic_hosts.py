@@ -49,7 +49,7 @@ def shrink_across_hosts_world(comm, victims: list[int], at: int, steps: int,
     survivors shrink, redo the step from the earliest survivor's, and check the new world
     (host map, symmetric tensor contents, every collective). A victim notes when it died
     in ``note_dir``/killed<rank>; a survivor returns when its first
-correct collective after the shrink ended (``t_first``)."""
+    correct collective after the shrink ended (``t_first``)."""
     start = comm.rank
     rec: dict = {"pid": os.getpid(), "start_rank": start, "hosts0": comm.hosts, "steps": [],
                  "lost": []}
