@@ -10,7 +10,11 @@ from __future__ import annotations
 from commlab.testing import run_world
 from tests.conftest import assert_checks
 from tests.test_faults import assert_nothing_left
-from tests.worlds.elastic_hosts import shrink_across_hosts_world
+from tests.worlds.elastic_hosts import (
+    across_newcomer,
+    grow_across_hosts_world,
+    shrink_across_hosts_world,
+)
 
 PEER_TIMEOUT = 1.0
 ENV = {"COMMLAB_TIMEOUT": "60", "COMMLAB_PEER_TIMEOUT": str(PEER_TIMEOUT),
@@ -84,3 +88,26 @@ def test_a_second_loss_shrinks_the_uneven_world_again(tmp_path, seed):
         assert all(ok for _, _, ok in r["steps"]), r["steps"]
     for section in SECTIONS:
         assert_checks(survivors, section)
+
+
+def test_a_newcomer_joins_a_world_across_hosts_after_a_shrink(seed):
+    """2 hosts x 2 ranks; rank 3 dies and the survivors shrink to [[0, 1], [2]]; a
+    newcomer in commlab.init(join=True) is admitted by commlab.grow(1) as rank 3 on the
+    host that lost one (the smaller: hosts split on one machine share /dev/shm) and
+    every collective of the world of 4 matches gloo."""
+    res = run_world(grow_across_hosts_world, 4, kwargs={"note_dir": "", "seed": seed},
+                    timeout=300, env=ENV, store="parent", allow_killed=True,
+                    newcomers=[(across_newcomer, {"seed": seed})])
+    assert res[3] is None, res
+    grown = [r for r in res if r is not None]
+    print("grow took", [round(r.get("grow_s", 0), 3) for r in grown[:3]], "s; checks ran",
+          [sum(r["ran"].values()) for r in grown])
+    assert [r["rank"] for r in grown] == [0, 1, 2, 3], grown
+    for r in grown:
+        assert r["world_size"] == 4 and r["hosts"] == [[0, 1], [2, 3]], r
+        assert r["generation"] == 2, r
+    assert [r["local"] for r in grown] == [[0, 2], [1, 2], [0, 2], [1, 2]]
+    for section in ("symmetric", "all_gather", "reduce_scatter", "all_to_all",
+                    "broadcast", "barrier", "ag_gemm", "gemm_rs"):
+        assert_checks(grown, section)
+    assert_nothing_left([r["pid"] for r in grown])

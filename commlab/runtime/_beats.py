@@ -28,11 +28,13 @@ from commlab.errors import CommlabError
 class Beats:
     """This rank's heartbeat thread and what it saw of the other hosts' members."""
 
-    def __init__(self, store: dist.Store, rank: int, others: list[int], peer_timeout: float):
+    def __init__(self, store: dist.Store, rank: int | str, others: list, peer_timeout: float):
         self.peer_timeout = peer_timeout
         self.every = peer_timeout / 4
         now = time.monotonic()
-        self._seen = {r: (-1, now) for r in others}  # rank -> (count, when it moved)
+        # key (a member's rank at init, or a newcomer's: Membership.beat_key) ->
+        # (count, when it moved)
+        self._seen = {str(r): (-1, now) for r in others}
         self._answered = now  # when the store last answered the thread
         self._stop = threading.Event()
         self._error = ""
@@ -59,7 +61,12 @@ class Beats:
                     self._seen[r] = (count, now)
             self._answered = now
 
-    def silent(self, rank: int) -> bool:
+    def watch(self, keys: list[str]) -> None:
+        """Also watch ``keys`` (newcomers on other hosts), silent from now on only."""
+        now = time.monotonic()
+        self._seen = {**self._seen, **{k: (-1, now) for k in keys if k not in self._seen}}
+
+    def silent(self, rank: int | str) -> bool:
         """Whether ``rank``'s count has not moved for the peer timeout; raises
         CommlabError when this rank has not reached the store for as long."""
         now = time.monotonic()
@@ -70,7 +77,7 @@ class Beats:
                 f"this host is cut off from the host that serves it, so this rank cannot "
                 f"go on: its peers on the other hosts shrink without it")
         # silent while the store kept answering: a rank cut off itself sees no one silent
-        return self._answered - self._seen[rank][1] > self.peer_timeout
+        return self._answered - self._seen[str(rank)][1] > self.peer_timeout
 
     def stop(self) -> None:
         """Stop the thread; waits for its store call in flight (at most a beat or two)."""

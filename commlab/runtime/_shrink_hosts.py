@@ -63,24 +63,36 @@ def across_world(old: _c.Communicator, here: _c.Communicator, new: Membership,
     mine = groups.hosts[groups.host]
     li, size = groups.local_index, len(mine)
     heap = here.heap
-    lay = heap.layout
     heap.rank, heap.bases = li, [bases[r] for r in mine]
     block = ControlBlock(control.buf, li, size, control.timeout)
-    block.members = new  # every wait on this host looks at the whole world
     old_mine = old.across.hosts[old.across.host]
     local_members = here.members.shrunk([old_mine.index(r) for r in kept if r in old_mine])
-    ctx = torch.tensor([li, size, heap.bases[li] + lay.signal_pad, heap.bases[li] + lay.flags]
-                       + heap.bases + [int(here._context[-1])],
-                       dtype=torch.int64, device=old.device)
     local_world = dataclasses.replace(here._world, rank=li, world_size=size,
                                       group=local_group, cpu_group=local_group)
-    local = _c.Communicator(li, size, old.backend, old.device, ctx, heap, block, local_group,
-                            local_group, old.local_rank, local_world, here._keep,
-                            wait_records=here.wait_records, members=local_members)
+    return assemble(old.backend, old.device, old.local_rank, heap, here._keep,
+                    (here.wait_records, int(here._context[-1])), block, local_members,
+                    local_world, new, world, groups)
+
+
+def assemble(backend: str, device: torch.device, local_rank: int, heap, keep: list,
+             records: tuple, block: ControlBlock, local_members: Membership, local_world,
+             new: Membership, world, groups: HostGroups) -> _c.Communicator:
+    """A world across hosts from this host's parts: its heap (``rank`` and ``bases``
+    already this host's new ones), the mappings to keep, its wait records (tensor or
+    None, address), its agreement ``block``; ``new``: the world's members; ``groups``:
+    its groups (``local_world.group``: this host's)."""
+    lay = heap.layout
+    li, size = local_members.rank, local_members.world_size
+    block.members = new  # every wait on this host looks at the whole world
+    ctx = torch.tensor([li, size, heap.bases[li] + lay.signal_pad, heap.bases[li] + lay.flags]
+                       + heap.bases + [records[1]], dtype=torch.int64, device=device)
+    local = _c.Communicator(li, size, backend, device, ctx, heap, block, local_world.group,
+                            local_world.cpu_group, local_rank, local_world, keep,
+                            wait_records=records[0], members=local_members)
     agreement = HostsAgreement(block, groups.hosts, groups.host, groups.cross_hosts,
                                groups.cross_group, new, groups.extra)
     liveness.set_watch(peer_watch(new, block.timeout,
                                   lambda: (block._inside[1] or "", block.seq)))
-    return _c.Communicator(new.rank, new.world_size, old.backend, old.device, ctx, heap,
-                           agreement, world.group, world.cpu_group, old.local_rank, world,
-                           [], _local=local, across=groups, members=new)
+    return _c.Communicator(new.rank, new.world_size, backend, device, ctx, heap, agreement,
+                           world.group, world.cpu_group, local_rank, world, [], _local=local,
+                           across=groups, members=new)

@@ -94,3 +94,48 @@ def shrink_across_hosts_world(comm, victims: list[int], at: int, steps: int,
     rec.update(checks.result())
     return rec
 
+
+
+def _after_grow(comm, seed: int) -> dict:
+    """Every rank of the grown world: its place, a fresh symmetric tensor in a
+    collective, every collective against gloo."""
+    rec = {"pid": os.getpid(), "rank": comm.rank, "world_size": comm.world_size,
+           "hosts": comm.hosts, "local": [comm.local.rank, comm.local.world_size],
+           "generation": comm.generation}
+    checks = Checks(comm.rank)
+    gen = torch.Generator().manual_seed(seed + comm.rank)
+    with checks.case("symmetric", "a symmetric tensor allocated after the grow"):
+        t = commlab.symmetric_empty((6,))
+        t.copy_(torch.arange(6.0) + comm.rank)
+        torch.testing.assert_close(commlab.all_reduce(t), gloo_all_reduce(t, "sum"),
+                                   rtol=0, atol=0)
+    _moves(checks, gen, comm)
+    _overlap(checks, gen, comm)
+    rec.update(checks.result())
+    return rec
+
+
+def grow_across_hosts_world(comm, note_dir: str, seed: int) -> dict:
+    """Rank 3 SIGKILLs itself; the survivors shrink (hosts [[0, 1], [2]]), then grow by
+    the newcomer waiting beside them, and the grown world is checked."""
+    start = comm.rank
+    step = 0
+    while True:
+        if start == 3 and step == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+        try:
+            commlab.all_reduce(torch.ones(3))
+            step += 1
+        except commlab.RankLostError:
+            comm = commlab.shrink()
+            break
+    t0 = time.perf_counter()
+    comm = commlab.grow(1, timeout=60)
+    grow_s = time.perf_counter() - t0
+    return {**_after_grow(comm, seed), "start_rank": start, "grow_s": grow_s}
+
+
+def across_newcomer(_, seed: int) -> dict:
+    """The newcomer: joins the world across hosts and runs the grown world's checks."""
+    comm = commlab.init(join=True)
+    return {**_after_grow(comm, seed), "start_rank": None}
