@@ -33,10 +33,11 @@ def hosts():
         yield hs
 
 
-def _launchers(hosts, out: Path, args: list[str]) -> list[subprocess.Popen]:
+def _launchers(hosts, out: Path, args: list[str],
+               flags: tuple[str, ...] = ()) -> list[subprocess.Popen]:
     return [h.popen([sys.executable, "-m", "commlab.run", "--nnodes", "2", "--node-rank",
                      str(i), "--nproc-per-node", "2", "--master-addr", hosts[0].addr,
-                     "--master-port", str(PORT), SCRIPT, str(out), *args],
+                     "--master-port", str(PORT), *flags, SCRIPT, str(out), *args],
                     env=ENV, cwd=str(ROOT), stderr=open(out / f"node{i}.log", "w"))
             for i, h in enumerate(hosts)]
 
@@ -85,6 +86,31 @@ def test_a_rank_killed_on_one_host_leaves_three_ranks_training_across_both(hosts
         assert all(ok for _, _, ok in r["steps"]), r
         print(f"rank {new_rank}: kill to first correct collective {r['t_first'] - killed:.3f} s")
         assert r["t_first"] - killed <= 2 * float(ENV["COMMLAB_PEER_TIMEOUT"]) + 5, r
+    assert_nothing_left([r["pid"] for r in records])
+
+
+@pytest.mark.slow  # ~60 s on 2 cores
+def test_a_replacement_on_the_host_that_lost_a_rank_joins_the_world_across_hosts(
+        hosts, tmp_path):
+    """Rank 3 (host 1) SIGKILLs itself; ranks 0, 1, 2 shrink across both hosts and call
+    commlab.grow(1); host 1's launcher (--max-restarts 1) starts a replacement with
+    COMMLAB_JOIN=1, which joins on host 1 as rank 3: hosts [[0, 1], [2, 3]] again, and
+    every step after is right on all four."""
+    procs = _launchers(hosts, tmp_path, ["--steps", "8", "--victim", "3", "--at", "3",
+                                         "--grow"], ("--max-restarts", "1"))
+    codes = _wait(procs, 300)
+    assert codes == [0, 0], _logs(tmp_path)
+    records = sorted((json.loads(p.read_text()) for p in tmp_path.glob("*.json")),
+                     key=lambda r: (r["joined"], r["start_rank"]))
+    assert [(r["start_rank"], r["joined"]) for r in records] == [
+        (0, False), (1, False), (2, False), (3, True)], records
+    for r in records:
+        assert r["hosts"] == [[0, 1], [2, 3]] and r["generation"] == 2, r
+        assert all(ok for _, _, ok in r["steps"]) and r["steps"][-1][:2] == [7, 4], r
+    for r in records[:3]:
+        assert r["lost"] == [[3]] and r["sizes"] == [3, 4], r
+        assert [s for s, _, _ in r["steps"]] == list(range(8)), r
+    assert records[3]["rank"] == 3
     assert_nothing_left([r["pid"] for r in records])
 
 
