@@ -10,6 +10,7 @@ from __future__ import annotations
 from commlab.testing import run_world
 from tests.conftest import assert_checks
 from tests.test_faults import assert_nothing_left
+from tests.worlds.elastic_ddp import ddp_shrink_world
 from tests.worlds.elastic_hosts import (
     across_newcomer,
     grow_across_hosts_world,
@@ -111,3 +112,20 @@ def test_a_newcomer_joins_a_world_across_hosts_after_a_shrink(seed):
                     "broadcast", "barrier", "ag_gemm", "gemm_rs"):
         assert_checks(grown, section)
     assert_nothing_left([r["pid"] for r in grown])
+
+
+def test_ddp_on_the_commlab_backend_goes_on_across_hosts_after_a_shrink(tmp_path):
+    """torch.distributed on "commlab" over 2 hosts x 2 ranks, DDP training; rank 3 dies:
+    the survivors' backward raises RankLostError, shrink remakes the default group over
+    the 3 ranks on 2 hosts, DDP wrapped again goes on with the right gradients."""
+    res = run_world(ddp_shrink_world, 4, kwargs={"note_dir": str(tmp_path), "victim": 3,
+                    "kill_step": 3, "steps": 6}, timeout=240, init=False, store="parent",
+                    allow_killed=True, env=ENV)
+    assert res[3] is None
+    for new_rank, r in enumerate(res[:3]):
+        assert [e["lost_error"] for e in r["errors"]] == [True], r["errors"]
+        assert "rank 3 of 4 was lost" in r["errors"][0]["text"], r["errors"]
+        assert r["after"] == {"rank": new_rank, "world": 3, "comm_rank": new_rank}
+        assert [s["world"] for s in r["steps"]] == [4, 4, 4, 3, 3, 3], r["steps"]
+        assert all(s["ok"] for s in r["steps"]), r["steps"]
+        assert r["members"] == [0, 1, 2]
