@@ -114,6 +114,38 @@ def test_a_replacement_on_the_host_that_lost_a_rank_joins_the_world_across_hosts
     assert_nothing_left([r["pid"] for r in records])
 
 
+@pytest.mark.slow  # ~60 s on 2 cores
+def test_a_newcomer_on_a_third_host_joins_the_world_as_a_host_of_its_own(tmp_path):
+    """Launchers on hosts 0 and 1 (2 ranks each); a process on host 2, which runs no
+    rank, starts with COMMLAB_JOIN=1 and the world's store; the members call
+    commlab.grow(1) before step 2: it joins as rank 4 on a host of its own (hosts
+    [[0, 1], [2, 3], [4]]) and every step after is right on all five."""
+    why = _hosts.unavailable()
+    if why:
+        pytest.skip(why)
+    with _hosts.simulated_hosts(3) as hosts:
+        procs = _launchers(hosts[:2], tmp_path, ["--steps", "5", "--grow-at", "2"])
+        env = {**ENV, "MASTER_ADDR": hosts[0].addr, "MASTER_PORT": str(PORT),
+               "TORCHELASTIC_USE_AGENT_STORE": "true", "COMMLAB_JOIN": "1", "RANK": "4",
+               "LOCAL_RANK": "0", "WORLD_SIZE": "4"}
+        procs.append(hosts[2].popen([sys.executable, SCRIPT, str(tmp_path), "--steps", "5"],
+                                    env=env, cwd=str(ROOT),
+                                    stderr=open(tmp_path / "node2.log", "w")))
+        codes = _wait(procs, 300)
+    assert codes == [0, 0, 0], _logs(tmp_path)
+    records = sorted((json.loads(p.read_text()) for p in tmp_path.glob("*.json")),
+                     key=lambda r: r["start_rank"])
+    assert [(r["start_rank"], r["joined"]) for r in records] == [
+        (0, False), (1, False), (2, False), (3, False), (4, True)], records
+    for r in records:
+        assert r["hosts"] == [[0, 1], [2, 3], [4]] and r["generation"] == 1, r
+        assert all(ok for _, _, ok in r["steps"]) and r["steps"][-1][:2] == [4, 5], r
+    for r in records[:4]:
+        assert [w for _, w, _ in r["steps"]] == [4, 4, 5, 5, 5] and r["sizes"] == [5], r
+    assert records[4]["rank"] == 4 and [s for s, _, _ in records[4]["steps"]] == [2, 3, 4]
+    assert_nothing_left([r["pid"] for r in records])
+
+
 @pytest.mark.slow  # ~70 s: node 0's launcher serves the store 30 s for the host cut off
 def test_cutting_one_hosts_link_leaves_the_other_host_training(hosts, tmp_path):
     """Host 1's link goes down mid-training: host 0's ranks find host 1's ranks silent

@@ -5,8 +5,9 @@ The round is ``_grow``'s (arrive, decide, map, verdict, go) with three differenc
 - **Where a newcomer lands.** Every member arrives with a probe segment in its host's
   /dev/shm (name and nonce in its arrival). A newcomer opens them and joins the host
   whose members it can read (hosts split on one machine, ``COMMLAB_HOSTS``: the
-  smallest of them, the first on a tie) and writes ``host/<r>``. One that reads none
-  (a machine without members) fails the round alike everywhere.
+  smallest of them, the first on a tie) and writes ``host/<r>`` with its machine
+  (hostname and boot id). Newcomers that read none make new hosts, one per machine,
+  after the old ones.
 - **What is mapped.** Only a host that gains ranks changes: its members map the
   newcomers' heaps by name, its newcomers map its members' through ``/proc/<pid>/fd``,
   and its local rank 0 (a member) makes its grown agreement block. Other hosts keep
@@ -78,16 +79,24 @@ def _gone(rnd: _Round, w: dict, m: Membership | None):
 
 
 def _grown_hosts(rnd: _Round, w: dict) -> list[list[int]]:
-    """Every host's ranks after the grow (each newcomer's ``host/<r>`` appended)."""
+    """Every host's ranks after the grow (each newcomer's ``host/<r>`` appended; those
+    on machines without members on new hosts, one per machine)."""
     hosts = [list(h) for h in w["hosts"]]
+    fresh: dict[str, int] = {}  # machine -> its new host
     for r in range(w["members"], w["size"]):
-        h = json.loads(rnd.wait(f"host/{r}", f"rank {r}'s host"))["host"]
+        place = json.loads(rnd.wait(f"host/{r}", f"rank {r}'s host"))
+        h = place["host"]
+        if h < 0:
+            h = fresh.setdefault(place["machine"], len(hosts))
+            if h == len(hosts):
+                hosts.append([])
         hosts[h].append(r)
     return hosts
 
 
 def _host_block(rnd: _Round, w: dict, hosts: list[list[int]], h: int, rank: int):
-    """Host ``h``'s grown agreement block: its first rank (a member) makes it."""
+    """Host ``h``'s grown agreement block: its first rank makes it (a member; on a new
+    host a newcomer)."""
     nbytes = ControlBlock.nbytes(len(hosts[h]))
     if rank == hosts[h][0]:
         name = _shm.segment_name(w["token"], f"grow{h}", 0)
@@ -98,13 +107,14 @@ def _host_block(rnd: _Round, w: dict, hosts: list[list[int]], h: int, rank: int)
     return _shm.open_existing(name, nbytes)
 
 
-def _unlink(w: dict) -> None:
-    """The round's segments that are on this machine: newcomers' heaps, grown blocks,
-    members' probes (a name of another machine is simply not found)."""
+def _unlink(w: dict, hosts: list[list[int]] | None = None) -> None:
+    """The round's segments that are on this machine: newcomers' heaps, grown blocks
+    (of ``hosts``, the grown ones where known), members' probes (a name of another
+    machine is simply not found)."""
     pids, token = w["pids"], w["token"]
     for r in range(w["members"], w["size"]):
         _shm.unlink(_shm.segment_name(token, "heap", r, pids[r]))
-    for h, ranks in enumerate(w["hosts"]):
+    for h, ranks in enumerate(hosts or w["hosts"]):
         _shm.unlink(_shm.segment_name(token, f"grow{h}", 0, pids[ranks[0]]))
     for a in w["arrivals"]:
         _shm.unlink(a["probe"])
@@ -200,6 +210,7 @@ def grow_across(old: _c.Communicator, n: int, limit: float) -> _c.Communicator:
         rnd = _Round(store, prefix, pids, m.rank, time.monotonic() + w["phase_s"])
         rnd.gone = _gone(rnd, w, m)
         maps: list = []
+        hosts = None
         try:
             try:
                 hosts = _grown_hosts(rnd, w)
@@ -216,7 +227,7 @@ def grow_across(old: _c.Communicator, n: int, limit: float) -> _c.Communicator:
             reach("grow.ready")
             rnd.verdict()
         except _Aborted as e:
-            _unlink(w)
+            _unlink(w, hosts)
             lost = m.lost(now=True)
             if lost:
                 raise m.error(lost, "commlab.grow", "grow") from None
@@ -225,7 +236,8 @@ def grow_across(old: _c.Communicator, n: int, limit: float) -> _c.Communicator:
     finally:
         seg.close()
         _shm.unlink(probe)
-    _unlink(w)
+    assert hosts is not None
+    _unlink(w, hosts)
     lay = heap.layout
     heap.region(lay.signal_pad, SIGNAL_PAD_BYTES + FLAGS_BYTES, torch.uint8).zero_()
     members = _members(w, m.rank, hosts, store, m)
@@ -275,20 +287,16 @@ def join_across(store, prefix: str, rank: int, w: dict, timeout: float) -> _c.Co
     rnd.gone = _gone(rnd, w, None)
     layout = HeapLayout(*w["layout"])
     name = _shm.segment_name(w["token"], "heap", rank)
-    mine = fd = None
+    mine = fd = hosts = None
     try:
         diffs = _settings.differences([w["settings"], _settings.settings({})])
         if diffs:
             raise rnd.fail(f"{'; '.join(diffs)} (rank 0 first, this newcomer second); set "
                            f"the world's COMMLAB_* values on the newcomer")
-        h = _my_host(w)
-        store.set(f"{prefix}/host/{rank}", json.dumps({"host": max(h, 0),
+        store.set(f"{prefix}/host/{rank}", json.dumps({"host": _my_host(w),
                                                        "machine": machine()}))
-        if h < 0:
-            raise rnd.fail(
-                "this newcomer shares /dev/shm with no member (a machine without ranks of "
-                "the world); start it on a host that runs ranks of the world")
         hosts = _grown_hosts(rnd, w)
+        h = next(i for i, ranks in enumerate(hosts) if rank in ranks)
         mine = _shm.create(name, layout.size)
         fd = _shm.OpenFd(name)
         store.set(f"{prefix}/heap/{rank}", name)
@@ -310,11 +318,12 @@ def join_across(store, prefix: str, rank: int, w: dict, timeout: float) -> _c.Co
                            f"newcomers must run as the same user as the members") from None
         rnd.verdict()
     except _Aborted as e:
-        _unlink(w)
+        _unlink(w, hosts)
         raise CommlabError(f"commlab.init(join=True): the grow admitting this process as "
                            f"rank {rank} failed: {e}; call commlab.init(join=True) again "
                            f"to wait for the next grow") from None
-    _unlink(w)
+    assert hosts is not None
+    _unlink(w, hosts)
     li = hosts[h].index(rank)
     heap = _newcomer_heap(layout, li, [_addr(mp) for mp in maps], mine, w["arena"])
     heap.fd = fd.fd
