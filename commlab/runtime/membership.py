@@ -111,6 +111,8 @@ class Membership:
                         self._dead.add(r)
                 elif not alive(pid):
                     self._dead.add(r)
+                    if self.beats is not None:  # across hosts: tell the other hosts
+                        self.beats.report(self.beat_key(r))
         return sorted(self._dead)
 
     def beat_key(self, r: int) -> str:
