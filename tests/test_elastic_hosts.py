@@ -56,7 +56,7 @@ def test_a_rank_lost_on_one_host_leaves_survivors_on_both_hosts_one_world(tmp_pa
         assert r["local_ctx"] == r["local"]  # what kernels see: the host's new numbering
         assert r["kept"] == [100.0 * r["start_rank"] + i for i in range(6)], r["kept"]
         assert all(ok for _, _, ok in r["steps"]) and r["steps"][-1][:2] == [5, 3], r
-        assert r["kill_to_first_s"] < 2 * PEER_TIMEOUT + 5, r
+        assert r["kill_to_first_s"] < 2 * PEER_TIMEOUT + 1, r  # ~0.25 s here
     for section in SECTIONS:
         assert_checks(survivors, section)
 

@@ -85,7 +85,7 @@ def test_a_rank_killed_on_one_host_leaves_three_ranks_training_across_both(hosts
         assert [w for _, w, _ in r["steps"]] == [4] * 3 + [3] * 5, r
         assert all(ok for _, _, ok in r["steps"]), r
         print(f"rank {new_rank}: kill to first correct collective {r['t_first'] - killed:.3f} s")
-        assert r["t_first"] - killed <= 2 * float(ENV["COMMLAB_PEER_TIMEOUT"]) + 5, r
+        assert r["t_first"] - killed <= 2 * float(ENV["COMMLAB_PEER_TIMEOUT"]) + 1, r
     assert_nothing_left([r["pid"] for r in records])
 
 
