@@ -7,6 +7,9 @@ through heartbeats in the store, as on real hosts) and the parent serves the sto
 
 from __future__ import annotations
 
+import pytest
+
+from commlab.runtime._kill_points import SHRINK_POINTS
 from commlab.testing import run_world
 from tests.conftest import assert_checks
 from tests.test_faults import assert_nothing_left
@@ -30,7 +33,7 @@ def _shrunk(tmp_path, world: int, victims: list[int], seed: int,
         "victims": victims, "at": 2, "steps": 6, "seed": seed, "note_dir": str(tmp_path),
         **later}, timeout=300, env={**ENV, "COMMLAB_PEER_TIMEOUT": str(peer_timeout)},
         store="parent", allow_killed=True)
-    dead = sorted(victims + ([later["later"]] if later else []))
+    dead = sorted(victims + ([later["later"]] if "later" in later else []))
     assert [i for i, r in enumerate(res) if r is None] == dead, res
     survivors = [r for r in res if r is not None]
     killed = min(float((tmp_path / f"killed{v}").read_text()) for v in victims)
@@ -129,3 +132,20 @@ def test_ddp_on_the_commlab_backend_goes_on_across_hosts_after_a_shrink(tmp_path
         assert [s["world"] for s in r["steps"]] == [4, 4, 4, 3, 3, 3], r["steps"]
         assert all(s["ok"] for s in r["steps"]), r["steps"]
         assert r["members"] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("point", SHRINK_POINTS)
+def test_a_rank_dying_at_each_point_of_a_shrink_across_hosts_leaves_one_world(
+        tmp_path, seed, point):
+    """2 hosts x 2 ranks: rank 3 dies, and rank 1 dies at ``point`` of the survivors'
+    shrink; ranks 0 and 2 end in one world of one rank per host, generation as many
+    shrinks as it took, every collective matching gloo."""
+    survivors = _shrunk(tmp_path, 4, [3], seed, later=1, point=point)
+    print(point, "lost", survivors[0]["lost"], "generation", survivors[0]["generation"])
+    for new_rank, r in enumerate(survivors):
+        assert (r["rank"], r["world_size"], r["hosts"]) == (new_rank, 2, [[0], [1]]), r
+        assert r["generation"] == survivors[0]["generation"] >= 1, r
+        assert r["kept"] == [100.0 * r["start_rank"] + i for i in range(6)], r["kept"]
+        assert all(ok for _, _, ok in r["steps"]) and r["steps"][-1][:2] == [5, 2], r
+    for section in SECTIONS:
+        assert_checks(survivors, section)

@@ -12,6 +12,7 @@ import time
 import torch
 
 import commlab
+from commlab.runtime import _kill_points
 from tests.worlds._checks import Checks, gloo_all_gather, gloo_all_reduce, random_tensor
 from tests.worlds.hosts import _all_reduce, _overlap
 
@@ -43,14 +44,18 @@ def _moves(checks: Checks, gen, comm) -> None:
 
 def shrink_across_hosts_world(comm, victims: list[int], at: int, steps: int,
                               seed: int, note_dir: str, later: int = -1,
-                              later_at: int = -1) -> dict:
+                              later_at: int = -1, point: str = "") -> dict:
     """Ranks ``victims`` SIGKILL themselves before step ``at`` of a loop of checked
     all_reduces (rank ``later`` before step ``later_at``, after the first shrink); the
     survivors shrink, redo the step from the earliest survivor's, and check the new world
-    (host map, symmetric tensor contents, every collective). A victim notes when it died
+    (host map, symmetric tensor contents, every collective). Rank ``later`` with a
+    ``point`` instead dies at that point of the first shrink (``_kill_points``), and the
+    survivors shrink again as often as it takes. A victim notes when it died
     in ``note_dir``/killed<rank>; a survivor returns when its first
     correct collective after the shrink ended (``t_first``)."""
     start = comm.rank
+    if point and start == later:
+        _kill_points.arm(point, lambda: os.kill(os.getpid(), signal.SIGKILL))
     rec: dict = {"pid": os.getpid(), "start_rank": start, "hosts0": comm.hosts, "steps": [],
                  "lost": []}
     kept = commlab.symmetric_empty((6,))  # this rank's rows, kept through the shrink
@@ -74,9 +79,14 @@ def shrink_across_hosts_world(comm, victims: list[int], at: int, steps: int,
             rec["lost"].append(e.lost)
             rec["t_lost"] = time.time()
             t0 = time.perf_counter()
-            comm = commlab.shrink()
-            rec["shrink_s"] = time.perf_counter() - t0
-            step = int(commlab.all_reduce(torch.tensor([float(step)]), op="min")[0])
+            while True:  # again while a member is lost during or right after the shrink
+                comm = commlab.shrink()
+                rec.setdefault("shrink_s", time.perf_counter() - t0)
+                try:
+                    step = int(commlab.all_reduce(torch.tensor([float(step)]), op="min")[0])
+                    break
+                except commlab.RankLostError as again:
+                    rec["lost"].append(again.lost)
     rec.update(rank=comm.rank, world_size=comm.world_size, hosts=comm.hosts,
                local=[comm.local.rank, comm.local.world_size],
                local_ctx=[int(comm.local.context[0]), int(comm.local.context[1])],
