@@ -14,6 +14,7 @@ from commlab.testing import run_world
 from tests.conftest import assert_checks
 from tests.test_faults import assert_nothing_left
 from tests.worlds.elastic_ddp import ddp_shrink_world
+from tests.worlds.elastic_step import N, member, replacement
 from tests.worlds.elastic_hosts import (
     across_newcomer,
     grow_across_hosts_world,
@@ -149,3 +150,22 @@ def test_a_rank_dying_at_each_point_of_a_shrink_across_hosts_leaves_one_world(
         assert all(ok for _, _, ok in r["steps"]) and r["steps"][-1][:2] == [5, 2], r
     for section in SECTIONS:
         assert_checks(survivors, section)
+
+
+def test_elastic_step_across_hosts_rolls_back_a_loss_and_admits_a_replacement(tmp_path):
+    """commlab.elastic.step on 2 hosts x 2 ranks: rank 2 (host 1) dies at step 5, the
+    survivors roll back and shrink across both hosts, the replacement waiting beside
+    them joins host 1 and receives the state; each sample is seen once."""
+    d = str(tmp_path)
+    res = run_world(member, 4, kwargs={"note_dir": d, "kill": ("m2", 5)}, store="parent",
+                    timeout=240, env=ENV, allow_killed=True,
+                    newcomers=[(replacement, {"note_dir": d})])
+    assert res[2] is None
+    live = [r for r in res if r is not None]
+    assert sorted(r["rank"] for r in live) == [0, 1, 2, 3]
+    for r in live:
+        assert sorted(r["seen"]) == list(range(N)), r  # each sample once, none lost
+        assert r["steps"] == len(r["worlds"]) and r["params_equal"], r
+        assert r["worlds"] == live[0]["worlds"] and r["seen"] == live[0]["seen"]
+    worlds = live[0]["worlds"]
+    assert worlds[:5] == [4] * 5 and 3 in worlds and worlds[-1] == 4, worlds
