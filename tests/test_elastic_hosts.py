@@ -14,12 +14,12 @@ from commlab.testing import run_world
 from tests.conftest import assert_checks
 from tests.test_faults import assert_nothing_left
 from tests.worlds.elastic_ddp import ddp_shrink_world
-from tests.worlds.elastic_step import N, member, replacement
 from tests.worlds.elastic_hosts import (
     across_newcomer,
     grow_across_hosts_world,
     shrink_across_hosts_world,
 )
+from tests.worlds.elastic_step import N, member, replacement
 
 PEER_TIMEOUT = 1.0
 ENV = {"COMMLAB_TIMEOUT": "60", "COMMLAB_PEER_TIMEOUT": str(PEER_TIMEOUT),
