@@ -28,6 +28,7 @@ import gc
 import hashlib
 import json
 import os
+import re
 import time
 from typing import cast
 
@@ -76,6 +77,24 @@ def _gone(rnd: _Round, w: dict, m: Membership | None):
         return where.get(r) == here and not alive(rnd.pids[r])
 
     return gone
+
+
+_DIED = re.compile(r"rank (\d+) \(pid \d+\) died during the grow")
+
+
+def _member_died(m: Membership, verdict: str) -> list[int]:
+    """The members lost, after an abort. One that names a member's death waits until
+    this rank sees it too (another host's member: up to the peer timeout and two
+    beats), so every member raises the same RankLostError."""
+    named = _DIED.search(verdict)
+    patience = m.peer_timeout + (2.5 * m.beats.every if m.beats is not None else 0.0)
+    deadline = time.monotonic() + (patience if named and int(named[1]) < m.world_size
+                                   else 0.0)
+    while True:
+        lost = m.lost(now=True)
+        if lost or time.monotonic() >= deadline:
+            return lost
+        time.sleep(0.01)
 
 
 def _grown_hosts(rnd: _Round, w: dict) -> list[list[int]]:
@@ -228,7 +247,7 @@ def grow_across(old: _c.Communicator, n: int, limit: float) -> _c.Communicator:
             rnd.verdict()
         except _Aborted as e:
             _unlink(w, hosts)
-            lost = m.lost(now=True)
+            lost = _member_died(m, str(e))
             if lost:
                 raise m.error(lost, "commlab.grow", "grow") from None
             raise CommlabError(f"commlab.grow({n}) on rank {m.rank}: {e}; the world "

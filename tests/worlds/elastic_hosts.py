@@ -149,3 +149,49 @@ def across_newcomer(_, seed: int) -> dict:
     """The newcomer: joins the world across hosts and runs the grown world's checks."""
     comm = commlab.init(join=True)
     return {**_after_grow(comm, seed), "start_rank": None}
+
+
+def grow_meets_a_death_world(comm, point: str, note_dir: str) -> dict:
+    """Rank 3 dies, the survivors shrink across both hosts and call ``grow(1)`` while
+    the newcomer (``join.*``) or rank 1 (``grow.*``) dies at ``point``: the grow fails
+    alike everywhere and the world goes on (shrunk again when a member died). Every
+    process notes its pid in ``note_dir``."""
+    open(os.path.join(note_dir, f"pid{os.getpid()}"), "w").close()
+    start = comm.rank
+    if start == 1 and point.startswith("grow."):
+        _kill_points.arm(point, lambda: os.kill(os.getpid(), signal.SIGKILL))
+    rec: dict = {"start_rank": start, "pid": os.getpid()}
+    step = 0
+    while True:
+        if start == 3 and step == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+        try:
+            commlab.all_reduce(torch.ones(3))
+            step += 1
+        except commlab.RankLostError:
+            comm = commlab.shrink()
+            break
+    try:
+        commlab.grow(1, timeout=60)
+        rec["grow"] = "grew"
+    except commlab.RankLostError as e:
+        rec["grow"] = f"RankLostError: {e}"
+        comm = commlab.shrink()
+    except commlab.CommlabError as e:
+        rec["grow"] = f"{type(e).__name__}: {e}"
+    y = commlab.all_reduce(torch.full((5,), float(comm.rank + 1)))
+    w = comm.world_size
+    rec.update(world_size=w, hosts=comm.hosts, ok=bool(torch.all(y == w * (w + 1) / 2)))
+    return rec
+
+
+def dying_newcomer(_, point: str, note_dir: str) -> dict:
+    """A newcomer that dies at ``point`` if it is a ``join.*`` point, else is refused."""
+    open(os.path.join(note_dir, f"pid{os.getpid()}"), "w").close()
+    if point.startswith("join."):
+        _kill_points.arm(point, lambda: os.kill(os.getpid(), signal.SIGKILL))
+    try:
+        commlab.init(join=True)
+        return {"pid": os.getpid(), "join": "joined"}
+    except commlab.CommlabError as e:
+        return {"pid": os.getpid(), "join": f"{type(e).__name__}: {e}"}
