@@ -173,27 +173,33 @@ def test_elastic_step_across_hosts_rolls_back_a_loss_and_admits_a_replacement(tm
     assert worlds[:5] == [4] * 5 and 3 in worlds and worlds[-1] == 4, worlds
 
 
-@pytest.mark.parametrize("point", ["join.map", "grow.ready"])
+@pytest.mark.parametrize("point", ["join.map", "grow.ready", "join.commit", "grow.commit"])
 def test_a_death_during_a_grow_across_hosts_fails_it_alike_and_leaves_nothing(
         tmp_path, point):
     """After a shrink to [[0, 1], [2]], grow(1) meets the newcomer dying with its heap
-    published (join.map: the members' grow fails, the 3 go on) or rank 1 dying before
-    its ready (grow.ready: RankLostError, the newcomer is refused, ranks 0 and 2 shrink
-    to one per host); no process or /dev/shm segment is left, the dead's included."""
+    published (join.map: the grow fails, the 3 go on) or while the grown world connects
+    (join.commit: RankLostError, shrink back to the 3), or rank 1 dying before its ready
+    (grow.ready: RankLostError, the newcomer is refused, ranks 0 and 2 shrink to one per
+    host) or while the grown world connects (grow.commit: ranks 0, 2 and the newcomer
+    shrink the grown world to [[0], [1, 2]]); no process or /dev/shm segment is left,
+    the dead's included."""
     d = {"point": point, "note_dir": str(tmp_path)}
     res = run_world(grow_meets_a_death_world, 4, kwargs=d, timeout=240, env=ENV,
                     store="parent", allow_killed=True, newcomers=[(dying_newcomer, d)])
-    live = [r for r in res[:4] if r is not None]
-    if point == "join.map":
-        assert res[4] is None and [r["start_rank"] for r in live] == [0, 1, 2], res
-        assert all("died during the grow" in r["grow"] and r["world_size"] == 3
-                   and r["hosts"] == [[0, 1], [2]] for r in live), live
-    else:
-        assert [r["start_rank"] for r in live] == [0, 2], res
-        assert all(r["grow"].startswith("RankLostError") and r["world_size"] == 2
-                   and r["hosts"] == [[0], [1]] for r in live), live
+    live = [r for r in res if r is not None and "ok" in r]
+    want = {"join.map": ([0, 1, 2], [[0, 1], [2]], "CommlabError"),
+            "join.commit": ([0, 1, 2], [[0, 1], [2]], "RankLostError"),
+            "grow.ready": ([0, 2], [[0], [1]], "RankLostError"),
+            "grow.commit": ([0, 2, None], [[0], [1, 2]], "RankLostError")}[point]
+    assert [r["start_rank"] for r in live] == want[0], res
+    for r in live:
+        assert r["hosts"] == want[1] and r["ok"], r
+        if r["start_rank"] is not None:
+            assert r["grow"].startswith(want[2]), r["grow"]
+    if point == "grow.ready":
         assert res[4]["join"].startswith("CommlabError") and "failed" in res[4]["join"]
-    assert all(r["ok"] for r in live), live
+    if point == "join.map":
+        assert all("died during the grow" in r["grow"] for r in live), live
     pids = [int(p.name[3:]) for p in tmp_path.glob("pid*")]
     assert len(pids) == 5
     assert_nothing_left(pids)

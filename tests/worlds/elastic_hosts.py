@@ -186,12 +186,21 @@ def grow_meets_a_death_world(comm, point: str, note_dir: str) -> dict:
 
 
 def dying_newcomer(_, point: str, note_dir: str) -> dict:
-    """A newcomer that dies at ``point`` if it is a ``join.*`` point, else is refused."""
+    """A newcomer that dies at ``point`` if it is a ``join.*`` point; refused, or
+    admitted (then shrinking with the members if one is lost while it connects)."""
     open(os.path.join(note_dir, f"pid{os.getpid()}"), "w").close()
     if point.startswith("join."):
         _kill_points.arm(point, lambda: os.kill(os.getpid(), signal.SIGKILL))
+    rec: dict = {"pid": os.getpid(), "start_rank": None}
     try:
-        commlab.init(join=True)
-        return {"pid": os.getpid(), "join": "joined"}
+        comm = commlab.init(join=True)
+        rec["join"] = "joined"
+    except commlab.RankLostError as e:  # admitted, then a member was lost: shrink with them
+        rec["join"] = f"RankLostError: {e}"
+        comm = commlab.shrink()
     except commlab.CommlabError as e:
-        return {"pid": os.getpid(), "join": f"{type(e).__name__}: {e}"}
+        return {**rec, "join": f"{type(e).__name__}: {e}"}
+    y = commlab.all_reduce(torch.full((5,), float(comm.rank + 1)))
+    w = comm.world_size
+    rec.update(world_size=w, hosts=comm.hosts, ok=bool(torch.all(y == w * (w + 1) / 2)))
+    return rec
