@@ -427,8 +427,9 @@ def connect_group(members: Membership, prefix: str, point: str,
         t.join(0.005)
         if t.is_alive():
             members.check("commlab.grow (connecting the grown world's group)", "grow")
-    if "error" in box:
-        raise box["error"]
+    if "error" in box:  # gloo's own error for a member that died meanwhile
+        lost = members.behind(box["error"], "commlab.grow (connecting the grown world's group)")
+        raise lost or box["error"]
     return box["pg"], box["then"]
 
 
