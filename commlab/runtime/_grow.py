@@ -24,6 +24,7 @@ never used before (``grow/g<generation>/a<attempt>`` in the members' store):
 
 A newcomer's arena is member 0's: every block the members hold is held on the newcomer
 too (``heap.inherited``, zeros) until ``commlab.elastic.State`` hands it out with contents.
+A world across hosts takes the same round with the differences ``_grow_hosts`` names.
 """
 
 from __future__ import annotations
