@@ -15,6 +15,9 @@ byte between hosts once (the inter-host links are the slow ones):
     broadcast   between hosts on the source's local index, then inside from it
     barrier     the world's agreement (already a barrier), then the host's barrier
 
+Hosts of different sizes (a shrink's) take the schedules of ``_hier_uneven`` after the
+agreement.
+
 Arguments are checked on every rank and agreed across the world first (the host's
 agreement block, then one exchange between hosts: ``runtime._cross``), so an error is
 raised on every rank before anything moves.
@@ -26,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 import commlab.collectives._across as _across
+from commlab.collectives import _hier_uneven as _uneven
 from commlab.collectives._common import agree, check_local
 from commlab.collectives._host import Collective
 from commlab.collectives.all_gather import ALL_GATHER, all_gather
@@ -95,6 +99,8 @@ def _all_reduce(comm: Communicator, x, algorithm: str = "auto", op: str = "sum")
     x = agreed(ALL_REDUCE, comm, x, algorithm, op=op)
     if x.numel() == 0:
         return torch.empty_like(x)
+    if not groups(comm).even:
+        return _uneven.all_reduce(comm, x, algorithm, op)
     group = groups(comm).cross_group
     local = comm.local
     if algorithm == "auto" and x.numel() * x.element_size() > SPLIT_BYTES:
@@ -119,6 +125,8 @@ def _all_gather(comm: Communicator, x, algorithm: str = "auto"):
     out = x.new_empty((W * x.shape[0], *x.shape[1:]))
     if x.numel() == 0:
         return out
+    if not groups(comm).even:
+        return _uneven.all_gather(comm, x, algorithm)
     parts = [torch.empty_like(x) for _ in range(H)]
     between(comm, "all_gather", dist.all_gather(parts, x, group=groups(comm).cross_group,
                                                 async_op=True))
@@ -135,6 +143,8 @@ def _reduce_scatter(comm: Communicator, x, algorithm: str = "auto", op: str = "s
     shape = (x.shape[0] // W, *x.shape[1:])
     if x.numel() == 0:
         return x.new_empty(shape)
+    if not groups(comm).even:
+        return _uneven.reduce_scatter(comm, x, op)
     grouped = _rows(x, W)[by_local_index(comm)]  # chunks for local index j together
     with using(comm.local):
         mine = reduce_scatter(grouped, op=op)  # [H, m]: the host's sums of our chunks
@@ -161,6 +171,8 @@ def _all_to_all(comm: Communicator, x, algorithm: str = "auto"):
     x = agreed(ALL_TO_ALL, comm, x, algorithm)
     if x.numel() == 0:
         return torch.empty_like(x)
+    if not groups(comm).even:
+        return _uneven.all_to_all(comm, x)
     W, H, L = comm.world_size, len(comm.hosts), comm.local.world_size
     grouped = _rows(x, W)[by_local_index(comm)]  # [L * H, m]: by destination (j, h)
     with using(comm.local):
@@ -178,6 +190,8 @@ def _broadcast(comm: Communicator, x, algorithm: str = "auto", src: int = 0):
     x = agreed(BROADCAST, comm, x, algorithm, src=src)
     if x.numel() == 0:
         return torch.empty_like(x)
+    if not groups(comm).even:
+        return _uneven.broadcast(comm, x, algorithm, src)
     host = next(h for h in comm.hosts if src in h)
     src_index = host.index(src)
     y = x.clone()

@@ -8,6 +8,8 @@
               then reduce_scatter between hosts -> our rows
 
 Row permutations commute with the GEMM, so both are exact rearrangements of the flat op.
+On hosts of different sizes (a shrink's) both are the GEMM and the collective one after
+the other (``collectives._hier_uneven``): no overlap.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 import commlab.collectives._across as _across
+from commlab.collectives import _hier_uneven as _uneven
 from commlab.collectives._hier import (
     between,
     by_local_index,
@@ -35,6 +38,8 @@ def _ag_gemm(a, b, algorithm: str = "auto") -> torch.Tensor:
     _args.agree_args("ag_gemm", comm, a, b, algorithm, rows_divisible=False)
     W, H, rows = comm.world_size, len(comm.hosts), a.shape[0]
     a = a.contiguous()
+    if not groups(comm).even:
+        return _uneven.all_gather(comm, a, "auto") @ b
     parts = [torch.empty_like(a) for _ in range(H)]
     between(comm, "ag_gemm", dist.all_gather(parts, a, group=groups(comm).cross_group,
                                              async_op=True))
@@ -50,6 +55,8 @@ def _gemm_rs(a, b, algorithm: str = "auto") -> torch.Tensor:
     comm = get_communicator()
     _args.agree_args("gemm_rs", comm, a, b, algorithm, rows_divisible=True)
     W = comm.world_size
+    if not groups(comm).even:
+        return _uneven.reduce_scatter(comm, (a @ b).contiguous(), "sum")
     chunk = a.shape[0] // W
     grouped = a.reshape(W, -1)[by_local_index(comm)].view(a.shape)
     with using(comm.local):

@@ -7,6 +7,9 @@ all-gather of a fixed-size buffer). That is enough: rank (h, i) agrees with ever
 of host h, and with rank i of every host, which agrees with its own host. So every rank
 sees every host's verdict, and raises the same error; the error names hosts and global
 ranks, never a host's local numbering. Passing it is also a barrier of the whole world.
+On hosts of different sizes (after a shrink) a rank of a smaller host also exchanges in
+the groups of the local indices its host lacks (``extra``), so that every group has one
+rank per host.
 
 A rank missing on one host raises ``CollectiveTimeoutError`` there after the timeout. The
 exchange between hosts waits while looking at the world's members (``Membership.wait``):
@@ -57,8 +60,9 @@ class HostsAgreement:
 
     def __init__(self, local: ControlBlock, hosts: list[list[int]], host: int,
                  cross_hosts: list[int], cross_group: dist.ProcessGroup,
-                 members: Membership | None = None):
+                 members: Membership | None = None, extra: list | None = None):
         self.local = local
+        self.extra = extra or []  # (group, ranks, hosts) this rank stands in (_hosts)
         self.members = members  # the world's: a host gone raises RankLostError
         self.hosts = hosts
         self.host = host
@@ -110,12 +114,17 @@ class HostsAgreement:
             kind, body = 1, text.encode()
         except CollectiveTimeoutError as e:
             raise CollectiveTimeoutError(global_names(str(e), mine)) from None
+        packed = _pack(kind, body)
         bufs = [torch.empty(_BUF, dtype=torch.uint8) for _ in self.cross_hosts]
-        work = dist.all_gather(bufs, _pack(kind, body), group=self.group, async_op=True)
+        works = [dist.all_gather(bufs, packed, group=self.group, async_op=True)]
+        for group, _, hosts in self.extra:  # the same verdicts, for that group's ranks
+            works.append(dist.all_gather([torch.empty(_BUF, dtype=torch.uint8)
+                                          for _ in hosts], packed, group=group, async_op=True))
         if self.members is not None:
-            self.members.wait(work, f"collective #{self.seq} (the agreement between hosts)")
+            self.members.wait_all(works, f"collective #{self.seq} (the agreement between hosts)")
         else:
-            work.wait()
+            for work in works:
+                work.wait()
         got = [_unpack(bufs[self.cross_hosts.index(h)]) for h in range(len(self.hosts))]
         errors = [b.decode(errors="replace") for k, b in got if k == 1]
         if errors:

@@ -24,6 +24,7 @@ never used before (``grow/g<generation>/a<attempt>`` in the members' store):
 
 A newcomer's arena is member 0's: every block the members hold is held on the newcomer
 too (``heap.inherited``, zeros) until ``commlab.elastic.State`` hands it out with contents.
+A world across hosts takes the same round with the differences ``_grow_hosts`` names.
 """
 
 from __future__ import annotations
@@ -34,9 +35,12 @@ import gc
 import hashlib
 import json
 import os
+import socket
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -45,6 +49,7 @@ from commlab.errors import CollectiveTimeoutError, CommlabError, CommlabUsageErr
 from commlab.runtime import _auth, _bootstrap, _settings, _shm
 from commlab.runtime import communicator as _c
 from commlab.runtime._control import ControlBlock
+from commlab.runtime._cross import HostsAgreement
 from commlab.runtime._devices import Placement
 from commlab.runtime._kill_points import reach
 from commlab.runtime.heap import FLAGS_BYTES, SIGNAL_PAD_BYTES, SymmetricHeap
@@ -100,8 +105,27 @@ def waiting(comm: _c.Communicator) -> int:
     count = 0
     for t in range(first, total + 1):
         if joins.check([f"ticket/{t}"]) and not joins.check([f"claim/{t}"]):
-            count += alive(json.loads(joins.get(f"ticket/{t}"))["pid"])
+            count += ticket_alive(json.loads(joins.get(f"ticket/{t}")))
     return count
+
+
+def machine() -> str:
+    """This machine as its processes see it (hostname and boot): ``/proc`` tells about a
+    pid only where a process's ``machine()`` is ours."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = ""
+    return f"{socket.gethostname()}/{boot}"
+
+
+def ticket_alive(record: dict) -> bool:
+    """Whether a newcomer's ticket (``{"pid", "machine"}``) is of a live process; one on
+    another machine counts as alive (a grow's deadline covers it)."""
+    if record.get("machine", machine()) != machine():
+        return True
+    return alive(record["pid"])
 
 
 def _arena(heap: SymmetricHeap) -> dict:
@@ -117,9 +141,11 @@ class _Round:
     """One grow's keys: waits that end in the verdict every rank of the round reaches."""
 
     def __init__(self, store: dist.Store, prefix: str, pids: tuple[int, ...], rank: int,
-                 deadline: float):
+                 deadline: float, gone: Callable[[int], bool] | None = None):
         self.store, self.prefix, self.pids, self.rank = store, prefix, pids, rank
         self.deadline, self._next = deadline, 0.0
+        # whether rank r of the round is known dead (default: its pid, on this machine)
+        self.gone = gone or (lambda r: not alive(self.pids[r]))
 
     def _abort(self, reason: str) -> _Aborted:
         got = self.store.compare_set(f"{self.prefix}/verdict", "", "abort: " + reason)
@@ -142,7 +168,7 @@ class _Round:
         for r, pid in enumerate(self.pids):
             if s.check([f"{p}/fail/{r}"]):
                 raise self._abort(f"rank {r}: {s.get(f'{p}/fail/{r}').decode()}")
-            if not alive(pid):
+            if self.gone(r):
                 raise self._abort(f"rank {r} (pid {pid}) died during the grow")
         if time.monotonic() > self.deadline:
             raise self._abort(f"{waiting_for} did not come before the grow's deadline")
@@ -176,12 +202,13 @@ def grow(n: int, timeout: float | None = None) -> _c.Communicator:
     m, control, world = old.members, old.control, old._world
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise CommlabUsageError(f"commlab.grow: n must be a positive int, got {n!r}")
-    if (old.across is not None or old.backend != "cpu" or m is None or m.store is None
-            or world is None or not isinstance(control, ControlBlock)):
+    if (old.backend != "cpu" or m is None or m.store is None or world is None
+            or (old.across is not None and world.store_rank is not None)
+            or not isinstance(control, ControlBlock if old.across is None else HostsAgreement)):
         raise CommlabUsageError(
-            "commlab.grow: only a cpu world on one host whose store outlives ranks can grow "
-            "yet; start it with TORCHELASTIC_USE_AGENT_STORE=true (or run_world(store="
-            "'parent')) and backend='cpu'")
+            "commlab.grow: only a cpu world whose store outlives ranks can grow yet; start "
+            "it with TORCHELASTIC_USE_AGENT_STORE=true (python -m commlab.run, or "
+            "run_world(store='parent')) and backend='cpu'")
     if not world.owns_pg or (dist.is_initialized() and str(dist.get_backend()) != "gloo"):
         raise CommlabUsageError(
             "commlab.grow: torch.distributed's default group was not made by commlab.init "
@@ -190,6 +217,10 @@ def grow(n: int, timeout: float | None = None) -> _c.Communicator:
     if m.world_size + n > 64:
         raise CommlabUsageError(f"commlab.grow({n}): {m.world_size} + {n} ranks exceeds 64")
     limit = control.timeout if timeout is None else float(timeout)
+    if old.across is not None:
+        from commlab.runtime import _grow_hosts
+
+        return _grow_hosts.grow_across(old, n, limit)
     old.synchronize()  # calls that ran ahead are checked: this rank's kernels have ended
     gc.collect()  # blocks dead in cycles return to the arena on every member alike
     key = _store_key()
@@ -284,7 +315,9 @@ def _decide(old, m: Membership, joins, store, prefix: str, n: int, limit: float,
                                                 old.heap.layout.scratch_bytes],
          "timeout": old.control.timeout, "token": world.token, "arena": arena,
          "fds": [[a["pid"], a["fd"]] for a in arrivals], "phase_s": max(limit, 10.0),
-         "settings": _settings.settings({}), "peer_timeout": m.peer_timeout}
+         "settings": _settings.settings({}), "peer_timeout": m.peer_timeout,
+         "hosts": old.hosts if old.across is not None else None, "arrivals": arrivals,
+         "keys": [m.beat_key(r) for r in range(m.world_size)]}
     store.set(f"{prefix}/decision", json.dumps({"world": w}))
     gen = _bootstrap._GENERATIONS[key]
     for i, (t, _) in enumerate(chosen):
@@ -301,8 +334,9 @@ def _claim(m: Membership, joins, prefix: str, n: int, deadline: float) -> list:
     while len(chosen) < n:
         total = joins.add("tickets", 0)
         while t <= total and len(chosen) < n and joins.check([f"ticket/{t}"]):
-            pid = json.loads(joins.get(f"ticket/{t}"))["pid"]
-            mark = prefix if alive(pid) else "dead"
+            record = json.loads(joins.get(f"ticket/{t}"))
+            pid = record["pid"]
+            mark = prefix if ticket_alive(record) else "dead"
             if joins.compare_set(f"claim/{t}", "", mark).decode() == prefix:
                 chosen.append((t, pid))
             t += 1
@@ -356,10 +390,19 @@ def _connect(comm: _c.Communicator, prefix: str, point: str) -> None:
     """torch.distributed's default group over the grown world. Connecting blocks in gloo
     until every rank joined, so it runs in a thread while this one watches the members
     (``point``: this side's kill point, ``grow.commit`` or ``join.commit``)."""
+    assert comm.members is not None and comm._world is not None
+    pg, _ = connect_group(comm.members, prefix, point)
+    comm.group = comm.cpu_group = pg
+    comm._world = dataclasses.replace(comm._world, group=pg, cpu_group=pg)
+
+
+def connect_group(members: Membership, prefix: str, point: str,
+                  then: Callable | None = None) -> tuple[dist.ProcessGroup, Any]:
+    """``_connect``'s default group over ``members``, and what ``then()`` returned (run
+    in the same thread once the group is made: the groups of a world across hosts)."""
     if dist.is_initialized():
         dist.destroy_process_group()
-    members, world = comm.members, comm._world
-    assert members is not None and world is not None and members.store is not None
+    assert members.store is not None
     # a connection of its own: a thread left blocked in gloo's rendezvous (a rank died)
     # would otherwise hold the store's one socket until gloo's timeout, and with it every
     # store call of this process (shrink's agreement included)
@@ -374,6 +417,7 @@ def _connect(comm: _c.Communicator, prefix: str, point: str) -> None:
                 rank=members.rank, world_size=members.world_size,
                 timeout=timedelta(seconds=max(members.timeout, 30)))
             box["pg"] = dist.group.WORLD
+            box["then"] = then() if then is not None else None
         except BaseException as e:  # noqa: BLE001 - raised by the waiting thread
             box["error"] = e
 
@@ -384,11 +428,10 @@ def _connect(comm: _c.Communicator, prefix: str, point: str) -> None:
         t.join(0.005)
         if t.is_alive():
             members.check("commlab.grow (connecting the grown world's group)", "grow")
-    if "error" in box:
-        raise box["error"]
-    pg = box["pg"]
-    comm.group = comm.cpu_group = pg
-    comm._world = dataclasses.replace(world, group=pg, cpu_group=pg)
+    if "error" in box:  # gloo's own error for a member that died meanwhile
+        lost = members.behind(box["error"], "commlab.grow (connecting the grown world's group)")
+        raise lost or box["error"]
+    return box["pg"], box["then"]
 
 
 def inherited(comm: _c.Communicator, offset: int, shape, dtype: torch.dtype):

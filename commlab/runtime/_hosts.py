@@ -11,14 +11,17 @@ private /dev/shm per job, would make them lie.
 with it): ``"2"`` puts ranks 0-1, 2-3, ... on hosts of two, ``"0,1;2,3"`` names them. It
 can only split: ranks it puts together must really share memory.
 
-A world across hosts needs the same number of ranks on every host (the hierarchical
-collectives pair rank i of one host with rank i of every other).
+A world across hosts starts with the same number of ranks on every host (the
+hierarchical collectives pair rank i of one host with rank i of every other). A shrink
+can leave hosts of different sizes: then the group of local index i takes rank
+``i mod L_h`` of a host of ``L_h`` ranks (``cross_sets``), so a rank of a smaller host
+stands in for the ranks its host lacks, in several groups (``HostGroups.extra``).
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 import torch.distributed as dist
@@ -42,6 +45,20 @@ class HostGroups:
     cross_hosts: list[int]  # the host of each: torch numbers a group's ranks ascending,
     #                         which need not be host order (hosts [[0, 3], [1, 2]])
     cross_group: dist.ProcessGroup  # those ranks (gloo on cpu; gloo + NCCL on cuda)
+    # hosts of different sizes (after a shrink): the other groups this rank stands in,
+    # as (group, its ranks ascending, the host of each)
+    extra: list[tuple[dist.ProcessGroup, list[int], list[int]]] = field(default_factory=list)
+
+    @property
+    def even(self) -> bool:
+        """Whether every host has as many ranks (the schedules of ``collectives._hier``)."""
+        return len({len(h) for h in self.hosts}) == 1
+
+
+def cross_sets(hosts: list[list[int]]) -> list[list[int]]:
+    """The ranks of each local index i, one per host in host order: rank ``i mod L_h`` of
+    a host of ``L_h`` ranks (on equal hosts: rank i of every host)."""
+    return [[h[i % len(h)] for h in hosts] for i in range(max(len(h) for h in hosts))]
 
 
 def _exchange(world: World, obj) -> list:
@@ -140,20 +157,35 @@ def split(world: World, hosts: list[list[int]], timeout_s: float) -> tuple[World
     """This host's world (local ranks, its own groups and segment names) and the groups
     between hosts, which give up after ``timeout_s`` (at least 30 s) like the world's.
     Collective: every rank makes every group, in the same order."""
-    shared = world.placement.shared  # NCCL refuses ranks sharing a GPU: gloo only
-    pg = "gloo" if world.backend == "cpu" or shared else "cpu:gloo,cuda:nccl"
-    limit = timedelta(seconds=max(timeout_s, 30))
-    host = next(i for i, h in enumerate(hosts) if world.rank in h)
-    local_index = hosts[host].index(world.rank)
-    local_groups = [dist.new_group(h, backend=pg, timeout=limit) for h in hosts]
-    cross = [[h[i] for h in hosts] for i in range(len(hosts[0]))]
-    cross_groups = [dist.new_group(c, backend=pg, timeout=limit) for c in cross]
-    group = local_groups[host]
+    group, groups = make_groups(world.backend, world.placement.shared, hosts, world.rank,
+                                timeout_s)
+    host, local_index = groups.host, groups.local_index
     local = World(local_index, len(hosts[host]), world.local_rank, world.backend,
                   world.device, group, group, f"{world.token}{host:02x}", False,
                   Placement(tuple(world.placement.gpus[r] for r in hosts[host]))
                   if world.placement.gpus else world.placement, world.heap)
-    mine = sorted(cross[local_index])
+    return local, groups
+
+
+def make_groups(backend: str, shared: bool, hosts: list[list[int]], rank: int,
+                timeout_s: float) -> tuple[dist.ProcessGroup, HostGroups]:
+    """This host's group and the groups between hosts, over torch.distributed's default
+    group (``rank``: ours in it). Collective: every rank makes every group, in the same
+    order (one per host, then one per local index)."""
+    pg = "gloo" if backend == "cpu" or shared else "cpu:gloo,cuda:nccl"  # NCCL: no shared GPU
+    limit = timedelta(seconds=max(timeout_s, 30))
+    host = next(i for i, h in enumerate(hosts) if rank in h)
+    local_index = hosts[host].index(rank)
+    local_groups = [dist.new_group(h, backend=pg, timeout=limit) for h in hosts]
+    cross = cross_sets(hosts)
+    cross_groups = [dist.new_group(sorted(c), backend=pg, timeout=limit) for c in cross]
     host_of = {r: i for i, h in enumerate(hosts) for r in h}
-    return local, HostGroups(hosts, host, local_index, mine, [host_of[r] for r in mine],
-                             cross_groups[local_index])
+
+    def placed(i: int) -> tuple[dist.ProcessGroup, list[int], list[int]]:
+        ranks = sorted(cross[i])
+        return cross_groups[i], ranks, [host_of[r] for r in ranks]
+
+    mine = placed(local_index)
+    extra = [placed(i) for i in range(len(cross)) if i != local_index and rank in cross[i]]
+    return local_groups[host], HostGroups(hosts, host, local_index, mine[1], mine[2],
+                                          mine[0], extra)

@@ -33,6 +33,7 @@ from commlab.runtime._grow import (
     _joins,
     _Round,
     _store_key,
+    machine,
     unlink_round,
 )
 from commlab.runtime._kill_points import reach
@@ -49,13 +50,17 @@ def join(backend: str, timeout: float) -> _c.Communicator:
     key = _store_key()
     joins = _joins(key, timeout)
     ticket = joins.add("tickets", 1)
-    joins.set(f"ticket/{ticket}", json.dumps({"pid": os.getpid()}))
+    joins.set(f"ticket/{ticket}", json.dumps({"pid": os.getpid(), "machine": machine()}))
     admit = _admission(joins, ticket, time.monotonic() + timeout, timeout)
     gen, prefix, rank = admit["store"], admit["prefix"], admit["rank"]
     store = _auth.authenticated(dist.PrefixStore(f"commlab/{gen}", _bootstrap._STORES[key]),
                                 f"commlab/{gen}")
     _bootstrap._GENERATIONS[key] = max(_bootstrap._GENERATIONS.get(key, 0), gen)
     w = json.loads(store.get(f"{prefix}/decision"))["world"]
+    if w.get("hosts") is not None:  # a world across hosts
+        from commlab.runtime import _grow_hosts
+
+        return _grow_hosts.join_across(store, prefix, rank, w, timeout)
     size, pids = w["size"], tuple(w["pids"])
     rnd = _Round(store, prefix, pids, rank, time.monotonic() + w["phase_s"])
     layout = HeapLayout(*w["layout"])

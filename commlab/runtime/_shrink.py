@@ -16,6 +16,10 @@ device, and clears the word once the pad is zeroed). Then, without another excha
   again over the survivors under a fresh store prefix (the round's: never used before):
   commlab's own gloo group, or, where torch.distributed runs on the "commlab" backend,
   that backend's group (``set_torch_regroup``; its old groups are retired).
+
+Across hosts each host does the same with its own heap and block (its first survivor
+zeroes the block); survivors of one host continue as that host's world, survivors on
+several hosts as a world across those hosts (``_shrink_hosts``).
 """
 
 from __future__ import annotations
@@ -24,13 +28,14 @@ import dataclasses
 import threading
 from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from commlab.errors import CommlabUsageError, RankLostError
+from commlab.runtime import _shrink_hosts, wait_records
 from commlab.runtime import communicator as _c
-from commlab.runtime import wait_records
 from commlab.runtime._control import ControlBlock
 from commlab.runtime._kill_points import reach
 from commlab.runtime.heap import FLAGS_BYTES, SIGNAL_PAD_BYTES
@@ -52,8 +57,8 @@ def set_torch_regroup(owns: Callable[[], bool], regroup: Callable) -> None:
 def shrink() -> _c.Communicator:
     """Continue with the survivors after a ``RankLostError``; returns the new default
     Communicator (also ``commlab.get_communicator()``). Collective over the survivors.
-    In a world across hosts the survivors must all be on one host (a host cut off or
-    gone): they continue as that host's world."""
+    In a world across hosts, survivors of one host (a host cut off or gone) continue as
+    that host's world; survivors on several hosts as a world across them."""
     old = _c.get_communicator()
     members = old.members
     # across hosts the heap and the agreement block are this host's (``comm.local``)
@@ -91,16 +96,10 @@ def shrink() -> _c.Communicator:
 
     def prepare(decision: list[int]) -> None:
         assert members is not None  # checked above; rebound to each round's members
-        if members.hosts and len({members.hosts[r] for r in decision}) > 1:
-            raise CommlabUsageError(
-                f"commlab.shrink: the survivors ({', '.join(map(str, decision))}) are on "
-                f"{len({members.hosts[r] for r in decision})} hosts; a world across hosts "
-                f"shrinks only to the ranks of one host yet; restart it with the hosts "
-                f"that remain")
         heap.region(lay.signal_pad, SIGNAL_PAD_BYTES + FLAGS_BYTES, torch.uint8).zero_()
         here._device_sync()
         wait_records.clear_abort(here.wait_records)  # our kernels have ended
-        if decision.index(members.rank) == 0:
+        if _shrink_hosts.first_of_host(members, decision):  # the new (local) rank 0
             control.buf[: len(control.buf)] = bytes(len(control.buf))
 
     # each member's heap base by its rank (across hosts: this host's members only)
@@ -110,15 +109,30 @@ def shrink() -> _c.Communicator:
         mine = old.across.hosts[old.across.host]
         bases = [heap.bases[mine.index(r)] if r in mine else 0 for r in range(old.world_size)]
         ABANDONED.append(old.across)  # its groups may hold a pending receive: never freed
+    kept = list(range(old.world_size))  # the survivors' ranks in ``old``
     while True:  # again when a member that confirmed dies before the group connects
         keep, prefix = agree(members, prepare)
         new = members.shrunk(keep)
         bases = [bases[r] for r in keep]
+        kept = [kept[r] for r in keep]
+        spans = bool(new.hosts) and _shrink_hosts.spans_hosts(new)
+        then = _shrink_hosts.groups_maker(old.backend, new, control.timeout) if spans else None
         try:
-            group, cpu_group = _regroup(world, prefix, new, control.timeout, torch_backend)
+            group, cpu_group, made = _regroup(world, prefix, new, control.timeout,
+                                              torch_backend, then)
             break
         except RankLostError:
             members = new
+    if spans:
+        world = dataclasses.replace(world, rank=new.rank, world_size=new.world_size,
+                                    group=group, cpu_group=cpu_group,
+                                    store_rank=new.store_rank)
+        comm = _shrink_hosts.across_world(old, here, new, kept, bases, world, made)
+        for retired in (old, here):
+            retired.closed = True  # its heap and mappings live on in ``comm``
+            retired.plans.clear()
+        _c.install(comm)
+        return comm
     rank, size = new.rank, new.world_size
     heap.rank, heap.bases = rank, bases
     block = ControlBlock(control.buf, rank, size, control.timeout)
@@ -140,11 +154,12 @@ def shrink() -> _c.Communicator:
     return comm
 
 
-def _regroup(world, prefix: str, new: Membership, timeout: float,
-             torch_backend: bool) -> tuple[dist.ProcessGroup, dist.ProcessGroup]:
+def _regroup(world, prefix: str, new: Membership, timeout: float, torch_backend: bool,
+             then: Callable | None = None) -> tuple[dist.ProcessGroup, dist.ProcessGroup, Any]:
     """torch.distributed's default group again, over the survivors only (commlab's gloo
     group, or the torch backend's: ``torch_backend``); returns the Communicator's group
-    and cpu_group. Connecting
+    and cpu_group, and what ``then()`` returned (run in the same thread once the default
+    group is made: the groups of a world across hosts), or None. Connecting
     blocks in gloo until every member joined (or gloo's timeout), so it runs in a thread
     while this one watches the members: one lost meanwhile raises RankLostError (the
     thread, on a store connection of its own, is left to fail at its timeout; it never
@@ -168,11 +183,12 @@ def _regroup(world, prefix: str, new: Membership, timeout: float,
     def connect() -> None:
         try:
             if torch_backend:
-                box["pg"] = make()
-                return
-            dist.init_process_group("gloo", store=store, rank=new.rank,
-                                    world_size=new.world_size, timeout=limit)
-            box["pg"] = (dist.group.WORLD, dist.group.WORLD)
+                pg = make()
+            else:
+                dist.init_process_group("gloo", store=store, rank=new.rank,
+                                        world_size=new.world_size, timeout=limit)
+                pg = (dist.group.WORLD, dist.group.WORLD)
+            box["pg"] = (*pg, then() if then is not None else None)
         except BaseException as e:  # noqa: BLE001 - raised by the waiting thread
             box["error"] = e
 

@@ -87,6 +87,7 @@ class Membership:
     joined: tuple[int, ...] = ()
     hosts: tuple[int, ...] = ()  # each member's host, across hosts only (else empty)
     beats: Any = field(default=None, repr=False)  # _beats.Beats, across hosts only
+    keys: tuple[str, ...] = ()  # each member's heartbeat key, across hosts (default: origin)
     _dead: set = field(default_factory=set, repr=False)
     _next: float = field(default=0.0, repr=False)
 
@@ -106,11 +107,18 @@ class Membership:
                 if r == self.rank or r in self._dead:
                     continue
                 if self.hosts and self.hosts[r] != self.hosts[self.rank]:
-                    if self.beats is not None and self.beats.silent(self.origin[r]):
+                    if self.beats is not None and self.beats.silent(self.beat_key(r)):
                         self._dead.add(r)
                 elif not alive(pid):
                     self._dead.add(r)
+                    if self.beats is not None:  # across hosts: tell the other hosts
+                        self.beats.report(self.beat_key(r))
         return sorted(self._dead)
+
+    def beat_key(self, r: int) -> str:
+        """Member ``r``'s heartbeat key (``_beats``): its rank at ``init``, or the one a
+        grow gave it (a newcomer's rank at the join can repeat a dead member's)."""
+        return self.keys[r] if self.keys else str(self.origin[r])
 
     def check(self, what: str, op: str | None = None) -> None:
         """Raise RankLostError if a member is lost (``what``: where this rank waits, e.g.
@@ -143,12 +151,14 @@ class Membership:
     def behind(self, e: BaseException, what: str) -> RankLostError | None:
         """The RankLostError behind ``e``, an error of a host-side exchange (gloo says
         "Connection closed by peer"), or None. A dying process's sockets close a moment
-        before ``/proc`` shows it dead, so such an error waits up to the peer timeout."""
+        before ``/proc`` shows it dead, so such an error waits up to the peer timeout
+        (plus two beats for a member on another host: its silence is seen that late)."""
         if isinstance(e, CommlabError):
             return None
         text = str(e)
         patient = any(w in text for w in ("Connection", "connection", "gloo", "peer"))
-        deadline = time.monotonic() + (self.peer_timeout if patient else 0.0)
+        wait = self.peer_timeout + (2.5 * self.beats.every if self.beats is not None else 0)
+        deadline = time.monotonic() + (wait if patient else 0.0)
         while True:
             lost = self.lost(now=True)
             if lost:
@@ -174,6 +184,16 @@ class Membership:
             time.sleep(pause)
             pause = min(pause * 2, 0.002)
         work.wait()
+
+    def wait_all(self, works: list, what: str) -> None:
+        """``wait`` for each of ``works``; on a loss every one still pending is kept
+        referenced too (``ABANDONED``)."""
+        try:
+            for work in works:
+                self.wait(work, what)
+        except BaseException:
+            ABANDONED.extend(works)
+            raise
 
     def share(self, name: str, value: str | None) -> str:
         """Member 0's ``value`` on every member, through the store (collective: every
@@ -226,16 +246,27 @@ class Membership:
                           keep.index(self.store_rank), self.generation + 1,
                           tuple(self.origin[r] for r in keep), self.timeout, self.peer_timeout,
                           tuple(p for p in self.joined if p in (self.pids[r] for r in keep)),
-                          tuple(self.hosts[r] for r in keep) if self.hosts else (), self.beats)
+                          tuple(self.hosts[r] for r in keep) if self.hosts else (), self.beats,
+                          tuple(self.keys[r] for r in keep) if self.keys else ())
 
-    def grown(self, pids: tuple[int, ...]) -> Membership:
+    def grown(self, pids: tuple[int, ...], hosts: tuple[int, ...] = ()) -> Membership:
         """The membership with newcomers ``pids`` as ranks W..W+n-1 (``commlab.grow``);
-        a newcomer's ``origin`` is its rank at the join."""
+        a newcomer's ``origin`` is its rank at the join. Across hosts ``hosts`` gives
+        every member's host, and a newcomer's heartbeat key is ``g<generation>.<rank>``."""
         size = self.world_size + len(pids)
+        keys = (tuple(self.beat_key(r) for r in range(self.world_size))
+                + joined_keys(self.generation + 1, self.world_size, size)) if hosts else ()
         return Membership(self.rank, size, self.pids + tuple(pids), self.store,
                           self.store_rank, self.generation + 1,
                           self.origin + tuple(range(self.world_size, size)), self.timeout,
-                          self.peer_timeout, self.joined + tuple(pids))
+                          self.peer_timeout, self.joined + tuple(pids), hosts, self.beats,
+                          keys)
+
+
+def joined_keys(generation: int, first: int, size: int) -> tuple[str, ...]:
+    """The heartbeat keys of the newcomers that a grow to ``generation`` made ranks
+    ``first``..``size``-1."""
+    return tuple(f"g{generation}.{r}" for r in range(first, size))
 
 
 def agree(m: Membership, prepare: Callable[[list[int]], None]) -> tuple[list[int], str]:

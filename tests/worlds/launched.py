@@ -8,6 +8,8 @@ Every rank runs ``--steps`` checked all_reduces (step s: rank r gives r + 1 + s)
 RankLostError, shrink and redo that step (the earliest step any survivor was in).
 ``--grow``: after the shrink the members call ``commlab.grow(1)`` and the launcher's
 replacement (COMMLAB_JOIN=1) is admitted and takes the step count from rank 0.
+``--grow-at S``: before step S the members call ``commlab.grow(1)`` (a newcomer started
+with COMMLAB_JOIN=1 is admitted).
 ``--hang``: every rank waits in a loop for a signal (the launcher's forwarded SIGTERM)
 and notes it. ``--pace S``: sleep S between steps.
 Each worker writes OUT/<pid>.started after init and OUT/<pid>.json at the end.
@@ -54,6 +56,7 @@ def main() -> None:
     p.add_argument("--victim", type=int, default=-1)
     p.add_argument("--at", type=int, default=2)
     p.add_argument("--grow", action="store_true")
+    p.add_argument("--grow-at", type=int, default=-1)
     p.add_argument("--hang", action="store_true")
     p.add_argument("--pace", type=float, default=0.0, help="seconds between steps")
     a = p.parse_args()
@@ -72,11 +75,18 @@ def main() -> None:
             with open(os.path.join(a.out, "killed"), "w") as f:
                 f.write(repr(time.time()))
             os.kill(os.getpid(), signal.SIGKILL)
+        if not joined and step == a.grow_at and "grown" not in rec:
+            rec["grown"] = True
+            comm = commlab.grow(1, timeout=120)
+            commlab.broadcast(torch.tensor([float(step)]), src=0)
+            rec["sizes"].append(comm.world_size)
         try:
             w = comm.world_size
             y = commlab.all_reduce(torch.full((7,), float(comm.rank + 1 + step)))
             ok = bool(torch.all(y == w * (w + 1) / 2 + w * step))
             rec["steps"].append([step, w, ok])
+            if rec["lost"] and "t_first" not in rec:  # the first collective after a shrink
+                rec["t_first"] = time.time()
             step += 1
             time.sleep(a.pace)
         except commlab.RankLostError as e:
@@ -93,6 +103,7 @@ def main() -> None:
                 rec["sizes"].append(comm.world_size)
     rec["generation"] = comm.generation
     rec["rank"] = comm.rank
+    rec["hosts"] = comm.hosts
     _write(a.out, rec)
     commlab.finalize()
 
