@@ -41,6 +41,7 @@ import torch
 
 ALGS = ("one_shot", "two_shot", "ring")
 HERE = Path(__file__).resolve().parent
+RAN: list = []
 
 
 def _load_start(comm, backend: str):
@@ -88,6 +89,7 @@ def _time_calls(comm, x, algorithm: str, n: int, cuda: bool) -> tuple[list[float
     times, chosen = [], []
     key = _adapt.key_for(comm, "all_reduce", x)
     for _ in range(n):
+        w0 = comm.control.waits
         t = time.perf_counter()
         commlab.all_reduce(x, algorithm=algorithm)
         if cuda:
@@ -95,6 +97,8 @@ def _time_calls(comm, x, algorithm: str, n: int, cuda: bool) -> tuple[list[float
         times.append((time.perf_counter() - t) * 1e6)
         st = _adapt._state(comm).get(key)
         chosen.append(st.current if st is not None and algorithm == "auto" else algorithm)
+        RAN.append((algorithm, st.last if st is not None and algorithm == "auto" else algorithm,
+                    comm.control.waits - w0))
     commlab.synchronize()
     return times, chosen
 
@@ -132,7 +136,8 @@ def _rank(comm, phases, fixed: int, calls: int, block: int, backend: str):
                     if loaded else None, "loadavg": [load0, os.getloadavg()[0]],
                     "fixed_us": {a: statistics.median(v) for a, v in fixed_t.items()},
                     "fixed_times_us": fixed_t, "table": table, "adaptive_times_us": times,
-                    "adaptive_choice": chosen})
+                    "adaptive_choice": chosen, "ran": list(RAN)})
+        RAN.clear()
     return out
 
 

@@ -158,7 +158,7 @@ class ControlBlock:
     def set_note(self, value: int) -> None:
         """A word peers read after this rank's next published call (online selection:
         rank 0's decision). Written before the publish, so a peer that saw the call sees
-        it; the next note comes dozens of calls later, after every peer read this one."""
+        it; the next note comes once every peer read this one (``collectives._adapt``)."""
         _SEQ.pack_into(self.buf, self._state(self.rank) + 8, value)
 
     def note(self, rank: int) -> int:
@@ -169,6 +169,13 @@ class ControlBlock:
 
     def published(self, rank: int, seq: int) -> bool:
         return _SEQ.unpack_from(self.buf, (rank * RING + seq % RING) * SLOT)[0] >= seq
+
+    def wait_published(self, rank: int, seq: int, op: str) -> None:
+        """Return once ``rank`` has published call ``seq`` (online selection: its note
+        of that call is written); the timeout and a lost rank end it as any wait."""
+        if not self.published(rank, seq):
+            self._wait(seq, Signature(op, {}),
+                       lambda r: r != rank or self.published(rank, seq), "publish")
 
     def went_ahead(self, rank: int, seq: int) -> bool:
         """Whether ``rank`` published ``seq`` without waiting (it has launched already)."""
