@@ -4,22 +4,26 @@
     python bench/adapt_bench.py --backend cuda --ranks 2         # 2 ranks sharing one GPU
 
 Phases (all_reduce, fp32), run in order on one world:
-  base   --base-bytes (1 MiB), nothing else running
+  small  --small-bytes (64 KiB), nothing else running
+  large  --large-bytes (1 MiB): a new size (on 4 CPU ranks the default table's one-shot
+         is no longer the best there since the host twins)
   load   the same message, a competing load beside rank ranks-1 (CPU: a busy process
          on that rank's core; cuda: a copy flood on its GPU from a side stream)
-  size   another size, --size-bytes (64 KiB), load gone
 In each phase the adaptive ``auto`` (COMMLAB_ADAPT=1, its state kept across phases)
-runs --calls calls in blocks of --block, each block followed by --fixed calls of every
-fixed algorithm: the comparison stays paired in time while the machine's load drifts.
-The fixed calls' records are dropped before each block (online selection learns only
-from its own calls).
+runs --calls calls in blocks of --block; each round also runs a block of one_shot and
+of two_shot and --fixed ring calls, blocks in a rotating order, each after a barrier:
+every mode's block starts the same way (a waiting call) and stays paired in time while
+the machine's load drifts. Online selection learns only from its own calls (rank 0
+feeds it their records after each adaptive block; the fixed calls' are dropped).
 Per call: rank 0's host time around the call (CPU: the interpreter finishes the kernel
-inside the call; cuda: a device synchronize after every call).
+inside the call; cuda: a device synchronize after every call), the algorithm it ran and
+whether it waited in the agreement (the others ran ahead of it).
 
 Goals (issue 30 item 3), judged per phase and printed as PASS/FAIL:
   best   the algorithm online selection holds from some call <= 200 on is within 3% of
          the phase's best fixed median, and so is the adaptive median over its calls
-         from then on;
+         from then on (explorations and waiting calls included; in a phase that starts
+         a new size, from the end of its first period, which measures every algorithm);
   table  where the static table's choice is > 3% slower than the best, the adaptive
          median is >= 10% faster than the table's.
 Writes bench/results/adapt-<backend>-w<N>.json and .svg (the machine's load average at
@@ -41,7 +45,6 @@ import torch
 
 ALGS = ("one_shot", "two_shot", "ring")
 HERE = Path(__file__).resolve().parent
-RAN: list = []
 
 
 def _load_start(comm, backend: str):
@@ -82,11 +85,13 @@ def _load_stop(handle, backend: str) -> None:
         t.join()
 
 
-def _time_calls(comm, x, algorithm: str, n: int, cuda: bool) -> tuple[list[float], list[str]]:
+def _time_calls(comm, x, algorithm: str, n: int, cuda: bool) -> tuple[list[float], list[str], list]:
+    """``n`` calls: rank 0's host time of each, the algorithm online selection held after
+    it, and per call (the algorithm it ran, the waiting agreements it made)."""
     import commlab
     from commlab.collectives import _adapt
 
-    times, chosen = [], []
+    times, chosen, ran = [], [], []
     key = _adapt.key_for(comm, "all_reduce", x)
     for _ in range(n):
         w0 = comm.control.waits
@@ -95,17 +100,15 @@ def _time_calls(comm, x, algorithm: str, n: int, cuda: bool) -> tuple[list[float
         if cuda:
             torch.cuda.synchronize(comm.device)
         times.append((time.perf_counter() - t) * 1e6)
-        st = _adapt._state(comm).get(key)
-        chosen.append(st.current if st is not None and algorithm == "auto" else algorithm)
-        RAN.append((algorithm, st.last if st is not None and algorithm == "auto" else algorithm,
-                    comm.control.waits - w0))
-    commlab.synchronize()
-    return times, chosen
+        st = _adapt._state(comm).get(key) if algorithm == "auto" else None
+        chosen.append(st.current if st is not None else algorithm)
+        ran.append((st.last if st is not None else algorithm, comm.control.waits - w0))
+    return times, chosen, ran
 
 
 def _rank(comm, phases, fixed: int, calls: int, block: int, backend: str):
     import commlab
-    from commlab.collectives import _select
+    from commlab.collectives import _adapt, _select
     from commlab.runtime import records
 
     cuda = backend == "cuda"
@@ -115,29 +118,51 @@ def _rank(comm, phases, fixed: int, calls: int, block: int, backend: str):
         x = torch.ones(nbytes // 4, dtype=torch.float32, device=comm.device)
         handle = _load_start(comm, backend) if loaded and comm.rank == comm.world_size - 1 else None
         fixed_t: dict[str, list[float]] = {a: [] for a in ALGS}
+        fixed_ran: dict[str, list] = {a: [] for a in ALGS}
         times: list[float] = []
         chosen: list[str] = []
+        ran: list = []
         try:
             for alg in ALGS:
-                _time_calls(comm, x, alg, 3, cuda)  # warm-up: compile, plans
+                _time_calls(comm, x, alg, 2, cuda)  # warm-up: compile, plans
             table = _select.choose(comm, "all_reduce", x.dtype, nbytes, ALGS)
+            new_key = _adapt.key_for(comm, "all_reduce", x) not in _adapt.state(comm)
+            r = 0
             while len(times) < calls:
-                commlab.barrier()  # every rank's fixed calls ended: their records complete
-                records.collect(comm)  # ... and are not online selection's to learn from
-                t, c = _time_calls(comm, x, "auto", min(block, calls - len(times)), cuda)
-                times += t
-                chosen += c
-                for alg in ALGS:
-                    fixed_t[alg] += _time_calls(comm, x, alg, fixed, cuda)[0]
+                # blocks in a rotating order, each after a barrier (so each block's first
+                # call waits, whatever runs it); ring, 100x the others here, last and short
+                order = ["auto", "one_shot", "two_shot"]
+                order = order[r % 3:] + order[:r % 3] + ["ring"]
+                r += 1
+                for what in order:
+                    commlab.barrier()  # every rank's calls ended: their records complete
+                    if what == "auto":
+                        records.collect(comm)  # the fixed calls' records are not its to learn
+                        t, c, w = _time_calls(comm, x, "auto", min(block, calls - len(times)),
+                                              cuda)
+                        times, chosen, ran = times + t, chosen + c, ran + w
+                        commlab.barrier()
+                        if comm.rank == 0:
+                            _adapt.feed(comm)  # its own calls' records, before fixed ones come
+                    else:
+                        n = fixed if what == "ring" else block
+                        t, _, w = _time_calls(comm, x, what, n, cuda)
+                        fixed_t[what] += t
+                        fixed_ran[what] += w
+            commlab.synchronize()
         finally:
             if handle is not None:
                 _load_stop(handle, backend)
         out.append({"phase": name, "bytes": nbytes, "loaded_rank": comm.world_size - 1
                     if loaded else None, "loadavg": [load0, os.getloadavg()[0]],
                     "fixed_us": {a: statistics.median(v) for a, v in fixed_t.items()},
-                    "fixed_times_us": fixed_t, "table": table, "adaptive_times_us": times,
-                    "adaptive_choice": chosen, "ran": list(RAN)})
-        RAN.clear()
+                    "fixed_times_us": fixed_t, "fixed_waits": {a: [w for _, w in v] for a, v
+                                                               in fixed_ran.items()},
+                    "learning_calls": _adapt.PERIOD if new_key else 0,
+                    "table": table, "adaptive_times_us": times, "adaptive_choice": chosen,
+                    "adaptive_ran": [a for a, _ in ran], "adaptive_waits": [w for _, w in ran],
+                    "history": _adapt.state(comm)[_adapt.key_for(comm, "all_reduce", x)][
+                        "history"]})
     return out
 
 
@@ -149,13 +174,28 @@ def judge(p: dict, within: int = 200, near: float = 0.03, gain: float = 0.10) ->
     chosen, times = p["adaptive_choice"], p["adaptive_times_us"]
     settled = next((i for i in range(len(chosen)) if all(c in good for c in chosen[i:])),
                    None)
-    after = times[settled:] if settled is not None else times[-50:]
+    # a phase that starts a new key (a new size) spends its first period measuring every
+    # algorithm (ring included): the median is taken from its end on
+    start = max(settled or 0, p.get("learning_calls", 0))
+    after = times[start:] if settled is not None else times[-50:]
     adaptive = statistics.median(after)
     table_wrong = fixed[p["table"]] > fixed[best] * (1 + near)
     r = {"best": best, "within_3pct": sorted(good), "settled_after_calls": settled,
          "adaptive_us": adaptive, "adaptive_vs_best": adaptive / fixed[best] - 1,
          "table_us": fixed[p["table"]], "table_wrong": table_wrong,
          "adaptive_vs_table": fixed[p["table"]] / adaptive - 1}
+    held = max(set(chosen), key=chosen.count)  # what online selection held most
+    ahead = [t for t, a, w in zip(times, p["adaptive_ran"], p["adaptive_waits"], strict=True)
+             if a == held and not w]
+    fixed_ahead = [t for t, w in zip(p["fixed_times_us"][held], p["fixed_waits"][held],
+                                     strict=True) if not w]
+    r["held"] = held
+    r["held_ahead_vs_fixed_ahead"] = statistics.median(ahead) / statistics.median(fixed_ahead) - 1
+    r["waits_per_100"] = {"adaptive": 100 * sum(p["adaptive_waits"]) / len(times),
+                          held: 100 * sum(p["fixed_waits"][held]) / len(fixed_ahead + [0] * (
+                              len(p["fixed_waits"][held]) - len(fixed_ahead)))}
+    r["explored_per_100"] = 100 * sum(a != c for a, c in zip(p["adaptive_ran"], chosen,
+                                                             strict=True)) / len(times)
     r["goal_best"] = (settled is not None and settled <= within
                       and adaptive <= fixed[best] * (1 + near))
     r["goal_table"] = (not table_wrong) or fixed[p["table"]] >= adaptive * (1 + gain)
@@ -193,7 +233,7 @@ def _svg(results: list[dict], title: str) -> str:
             _, y = xy(0, t / best)
             parts.append(f'<line x1="{xa}" y1="{y:.1f}" x2="{xb}" y2="{y:.1f}" '
                          f'stroke="{colors[alg]}" stroke-dasharray="4,3"/>')
-        for j, (r, c) in enumerate(zip(rel, p["adaptive_choice"], strict=True)):
+        for j, (r, c) in enumerate(zip(rel, p["adaptive_ran"], strict=True)):
             x, y = xy(i0 + j, r)
             parts.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="1.6" fill="{colors[c]}"/>')
         run = [statistics.median(rel[max(0, j - 24):j + 1]) for j in range(m)]
@@ -214,18 +254,19 @@ def main(argv=None) -> int:
     ap.add_argument("--backend", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--ranks", type=int, default=4)
     ap.add_argument("--fixed", type=int, default=2,
-                    help="calls per fixed algorithm after each adaptive block")
-    ap.add_argument("--block", type=int, default=20, help="adaptive calls per block")
+                    help="ring calls per round (it costs ~100 of the others on CPU)")
+    ap.add_argument("--block", type=int, default=20,
+                    help="calls per block (adaptive, one_shot, two_shot)")
     ap.add_argument("--calls", type=int, default=200, help="adaptive calls per phase")
-    ap.add_argument("--base-bytes", default=1 << 20, type=int, help="phases base and load")
-    ap.add_argument("--size-bytes", default=64 << 10, type=int, help="phase size")
+    ap.add_argument("--small-bytes", default=64 << 10, type=int, help="phase small")
+    ap.add_argument("--large-bytes", default=1 << 20, type=int, help="phases large and load")
     ap.add_argument("--out", default=None)
     ap.add_argument("--notes", default="", help="what else ran on the machine meanwhile")
     a = ap.parse_args(argv)
     from commlab.testing import run_world
 
-    phases = [("base", a.base_bytes, False), ("load", a.base_bytes, True),
-              ("size", a.size_bytes, False)]
+    phases = [("small", a.small_bytes, False), ("large", a.large_bytes, False),
+              ("load", a.large_bytes, True)]
     res = run_world(_rank, a.ranks, args=(phases, a.fixed, a.calls, a.block, a.backend),
                     backend=a.backend, timeout=3600, env={"COMMLAB_ADAPT": "1"})[0]
     out = Path(a.out or HERE / "results" / f"adapt-{a.backend}-w{a.ranks}.json")
@@ -238,6 +279,11 @@ def main(argv=None) -> int:
             f"adaptive {p['adaptive_us']:.0f} us ({p['adaptive_vs_best']:+.1%} vs best, "
             f"{p['adaptive_vs_table']:+.1%} faster than the table), choice within 3% from "
             f"call {p['settled_after_calls']}, load {p['loadavg'][0]:.1f}-{p['loadavg'][1]:.1f}")
+        summary.append(
+            f"  held {p['held']}: its calls that ran ahead {p['held_ahead_vs_fixed_ahead']:+.1%} "
+            f"vs the fixed ones that did; waiting calls per 100: adaptive "
+            f"{p['waits_per_100']['adaptive']:.1f}, fixed {p['waits_per_100'][p['held']]:.1f}; "
+            f"explored {p['explored_per_100']:.1f} per 100")
         summary.append(f"  {'PASS' if p['goal_best'] else 'FAIL'} within 3% of the best "
                        f"within 200 calls")
         if p["table_wrong"]:

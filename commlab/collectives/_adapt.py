@@ -6,7 +6,8 @@ Per key (op, size bucket = a power of two, dtype, world size, world generation):
     first PERIOD calls: BURST calls of every algorithm, then `current`
     every PERIOD-th call: rank 0 decides from the call records (wire time, median of
       each algorithm's samples since the previous decision):
-        another algorithm >= SWITCH faster          -> it becomes `current`
+        another algorithm >= SWITCH faster than     -> it becomes `current`
+          `current`'s calls next to its own
         `current`'s median moved > DRIFT            -> a burst period (BURST calls of
                                                        `current` and its contenders)
         else, within the EXPLORE budget             -> RUN calls of one contender in
@@ -74,7 +75,7 @@ class _Key:
     last: str = ""  # the algorithm the key's previous call ran
     explored: int = 0  # calls that ran another algorithm than `current` (first period aside)
     # rank 0 only: measurements and what they led to
-    samples: dict = field(default_factory=dict)  # algorithm -> deque of (call, wire ns)
+    samples: dict = field(default_factory=dict)  # algorithm -> deque of (call, record, wire ns)
     ratio: dict = field(default_factory=dict)  # algorithm -> last median / current's
     chosen_median: float = 0.0  # the current algorithm's median when it was chosen
     excess: float = 0.0  # HOPELESS explorations' time over `current`, in its calls
@@ -256,32 +257,48 @@ def feed(comm) -> None:
                comm.generation)
         k = keys.get(key)
         if k is not None:
-            s = k.samples.setdefault(rec.algorithm, deque(maxlen=WINDOW))
-            s.append((k.calls, rec.wire_ns))
+            s = k.samples.setdefault(rec.algorithm, deque(maxlen=PERIOD))
+            s.append((k.calls, rec.call, rec.wire_ns))
 
 
-def _median(k: _Key, alg: str, least: int = 3) -> float | None:
-    """The median of ``alg``'s samples taken since the previous decision."""
-    s = k.samples.get(alg)
-    if s is None:
-        return None
-    fresh = [w for c, w in s if c > k.calls - PERIOD]
-    return statistics.median(fresh) if len(fresh) >= least else None
+def _fresh(k: _Key, alg: str) -> list[tuple[int, int]]:
+    """(record number, wire ns) of ``alg``'s samples fed since the previous decision."""
+    return [(r, w) for c, r, w in k.samples.get(alg, ()) if c > k.calls - PERIOD]
+
+
+def _median(k: _Key, alg: str, near: list[int] | None = None) -> float | None:
+    """The median wire time of ``alg``'s fresh samples: the last WINDOW, or those within
+    WINDOW records of the record numbers ``near`` (a contender's: paired in time)."""
+    fresh = _fresh(k, alg)
+    if near:
+        lo, hi = min(near) - WINDOW, max(near) + WINDOW
+        fresh = [(r, w) for r, w in fresh if lo <= r <= hi]
+    else:
+        fresh = fresh[-WINDOW:]
+    return statistics.median(w for _, w in fresh) if len(fresh) >= 3 else None
 
 
 def _judge(k: _Key) -> tuple[str, bool, str]:
-    """(current algorithm, burst next period, why) from the samples (rank 0)."""
+    """(current algorithm, burst next period, why) from the samples (rank 0). A
+    contender is compared with the current algorithm's calls next to its own (a load
+    that comes and goes on a shared machine moves both alike)."""
     cur = _median(k, k.current)
     if cur is None:
         return k.current, False, ""
-    medians = {a: t for a in k.algorithms if (t := _median(k, a)) is not None}
-    k.ratio.update({a: t / cur for a, t in medians.items()})
-    best = min(medians, key=medians.__getitem__)
-    best_t = medians[best]
-    if best != k.current and best_t <= cur * (1 - SWITCH):
-        k.chosen_median = best_t
-        k.ratio = {a: r * cur / best_t for a, r in k.ratio.items()}
-        return best, False, f"{best} {cur / best_t:.2f}x faster than {k.current}"
+    best, best_r = k.current, 1.0
+    for a in k.algorithms:
+        s = _fresh(k, a)
+        if a == k.current or len(s) < 3:
+            continue
+        base = _median(k, k.current, near=[r for r, _ in s]) or cur
+        k.ratio[a] = statistics.median(w for _, w in s) / base
+        if k.ratio[a] < best_r:
+            best, best_r = a, k.ratio[a]
+    k.ratio[k.current] = 1.0
+    if best != k.current and best_r <= 1 - SWITCH:
+        k.chosen_median = cur * best_r
+        k.ratio = {a: r / best_r for a, r in k.ratio.items()}
+        return best, False, f"{best} {1 / best_r:.2f}x faster than {k.current}"
     if not k.chosen_median:
         k.chosen_median = cur
     drift = abs(cur - k.chosen_median) / k.chosen_median
@@ -330,7 +347,7 @@ def state(comm) -> dict:
     decisions."""
     out = {}
     for key, k in _state(comm).items():
-        med = {a: (statistics.median(w for _, w in s) / 1e3 if s else None)
+        med = {a: (statistics.median(w for *_, w in s) / 1e3 if s else None)
                for a, s in k.samples.items()}
         out[key] = {"current": k.current, "table": k.table, "calls": k.calls,
                     "median_us": med, "history": list(k.history)}
