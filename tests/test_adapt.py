@@ -188,6 +188,27 @@ def test_an_auto_call_waits_for_the_other_ranks_only_where_its_algorithm_changes
         assert max(waits) == 1  # (rank 0's decisions at calls 50, 100, 150: no wait)
 
 
+def _two_sizes_in_turn(comm, n_calls):
+    from commlab.collectives import _adapt
+
+    xs = [torch.ones(256), torch.ones(4096)]
+    for i in range(2 * n_calls):
+        if comm.rank == 1:
+            time.sleep(0.002)  # rank 0 enters each call first (as when the peers lag)
+        y = commlab.all_reduce(xs[i % 2])
+        assert float(y[0]) == 2.0
+    commlab.synchronize()
+    return [(st["calls"], st["decided"]) for st in _adapt.state(comm).values()]
+
+
+def test_keys_called_in_turn_each_take_rank_zeros_decisions(world):
+    # Both keys reach a decision point on neighbouring calls; rank 0 gets there first.
+    # With one note word the second key found the first's word not yet read by the peer
+    # (it reads it at that very call) and skipped its decision, every period.
+    res = world(_two_sizes_in_turn, 2, 160, env={"COMMLAB_ADAPT": "1"}, timeout=400)
+    assert res[0] == res[1] == [(160, 3), (160, 3)], res  # decisions at calls 50, 100, 150
+
+
 def _adapt_off(comm):
     from commlab.collectives import _adapt
 

@@ -20,14 +20,15 @@ cost over `current`'s stays within EXPLORE of the key's calls (a ring call can c
 others). A run of RUN calls pays two algorithm changes (each a waiting agreement) for
 RUN samples.
 
-No agreement of its own: rank 0 writes its decision at call c (a word in its control
-block, tagged with the key and c, before it publishes call c) and every rank takes it at
-its next ``auto`` pick: a peer first makes sure rank 0 published call c (on CPU it has:
-call c's kernel needed it), then reads the word; a tag that is not (key, c) means rank 0
-made no decision there. Rank 0 writes the next word only once every peer published the
-call at which it read the last one (else it decides at a later period). So every rank
-runs the same algorithm on every call, and a key that holds its algorithm makes no
-waiting call beyond what the same fixed algorithm makes.
+No agreement of its own: rank 0 writes its decision at call c (note word d % NOTES of
+its control block for the d-th decision point, tagged with the key and c, before it
+publishes call c) and every rank takes it at its next ``auto`` pick: a peer first makes
+sure rank 0 published call c (on CPU it has: call c's kernel needed it), then reads the
+word; a tag that is not (key, c) means rank 0 made no decision there. Rank 0 writes a
+word again only once every peer published the call at which it read what it held (else
+that key decides a period later; NOTES words let keys called in turn decide on
+neighbouring calls). So every rank runs the same algorithm on every call, and a key
+that holds its algorithm makes no waiting call beyond what the same fixed one makes.
 
 The picked algorithm is agreed as its own signature field ("online"): the kernels' "no
 trailing barrier" arguments hold between calls of one algorithm only, so a call that
@@ -49,7 +50,7 @@ import torch
 from commlab import _config
 from commlab.collectives._select import choose
 from commlab.runtime import records as _records
-from commlab.runtime._control import ControlBlock
+from commlab.runtime._control import NOTES, ControlBlock
 
 PERIOD = 50  # calls between decisions
 BURST = 4  # calls per algorithm in a burst period
@@ -74,6 +75,7 @@ class _Key:
     explore: str = ""  # the contender this period's steady run measures
     last: str = ""  # the algorithm the key's previous call ran
     explored: int = 0  # calls that ran another algorithm than `current` (first period aside)
+    decided: int = 0  # rank 0's decisions taken (the others were skipped)
     # rank 0 only: measurements and what they led to
     samples: dict = field(default_factory=dict)  # algorithm -> deque of (call, record, wire ns)
     ratio: dict = field(default_factory=dict)  # algorithm -> last median / current's
@@ -91,8 +93,11 @@ class _Note:
 
     generation: int
     tags: int = 0  # keys made so far (a key's tag)
-    pending: tuple | None = None  # (seq, key, call, rank 0's decision or None) to take
-    read_at: int = 0  # rank 0: the call at which the peers take its last word
+    decisions: int = 0  # decision points so far: decision d goes in word d % NOTES
+    # (seq, key, call, word, rank 0's decision or None) to take at the next pick
+    pending: tuple | None = None
+    # rank 0: per word, the call at which the peers take what it holds
+    read_at: list = field(default_factory=lambda: [0] * NOTES)
 
 
 def on(comm) -> bool:
@@ -184,8 +189,10 @@ def _next(comm, note: _Note, key: tuple, k: _Key) -> str:
     slot = k.calls % PERIOD
     alg = k.current
     if slot == 0:
-        note.pending = (comm.control.seq + 1, key, k.calls,
-                        _decide(comm, note, k) if comm.rank == 0 else None)
+        word = note.decisions % NOTES
+        note.decisions += 1
+        note.pending = (comm.control.seq + 1, key, k.calls, word,
+                        _decide(comm, note, k, word) if comm.rank == 0 else None)
     elif k.burst and slot <= BURST * len(k.burst):
         alg = k.burst[(slot - 1) // BURST]
     elif k.explore and PERIOD // 2 <= slot < PERIOD // 2 + RUN:
@@ -198,29 +205,32 @@ def _next(comm, note: _Note, key: tuple, k: _Key) -> str:
 # --- the note: rank 0's decision, taken one pick later --------------------------------
 
 
-def _take(comm, note: _Note, seq: int, key: tuple, call: int, decision: tuple | None) -> None:
+def _take(comm, note: _Note, seq: int, key: tuple, call: int, word: int,
+          decision: tuple | None) -> None:
     """Every rank: apply the decision made at the previous pick, call ``seq`` (rank 0's
-    own, or the word rank 0 wrote then; a word tagged otherwise: no decision)."""
+    own, or what rank 0 wrote in ``word`` then; a word tagged otherwise: no decision)."""
     ctl = comm.control
     k = _state(comm).get(key)  # None: tune() dropped the keys since
     if comm.rank == 0:
         if decision is not None:
-            note.read_at = ctl.seq + 1  # the peers read the word before publishing this
+            note.read_at[word] = ctl.seq + 1  # the peers read the word before publishing this
     else:
         ctl.wait_published(0, seq, key[0])
-        tag, c, cur, explore, burst = _decode(ctl.note(0))
+        tag, c, cur, explore, burst = _decode(ctl.note(0, word))
         if k is not None and (tag, c) == (k.tag % (1 << 16), call % (1 << 32)):
             decision = (k.algorithms[cur], k.algorithms[explore] if explore >= 0 else "",
                         tuple(a for i, a in enumerate(k.algorithms) if burst >> i & 1))
     if k is not None:
         k.current, k.explore, k.burst = decision or (k.current, "", ())
+        k.decided += decision is not None
 
 
-def _decide(comm, note: _Note, k: _Key) -> tuple | None:
-    """Rank 0: the next period's plan (current, explore, burst), written as the note
-    (None: a peer has not read the previous word yet; decide at the next period)."""
+def _decide(comm, note: _Note, k: _Key, word: int) -> tuple | None:
+    """Rank 0: the next period's plan (current, explore, burst), written in note word
+    ``word`` (None: a peer has not read what it holds yet; decide at the next period)."""
     ctl = comm.control
-    if note.read_at and not all(ctl.published(r, note.read_at) for r in ctl.peers):
+    seen = note.read_at[word]
+    if seen and not all(ctl.published(r, seen) for r in ctl.peers):
         return None
     feed(comm)
     cur, burst, why = _judge(k)
@@ -230,7 +240,7 @@ def _decide(comm, note: _Note, k: _Key) -> tuple | None:
     algs = _burst(k, cur) if burst else ()
     ctl.set_note(_encode(k.tag, k.calls, k.algorithms.index(cur),
                          k.algorithms.index(explore) if explore else -1,
-                         sum(1 << k.algorithms.index(a) for a in algs)))
+                         sum(1 << k.algorithms.index(a) for a in algs)), word)
     return cur, explore, algs
 
 
@@ -343,12 +353,12 @@ def _frozen(key: tuple, k: _Key | None) -> str | None:
 
 
 def state(comm) -> dict:
-    """Per key: the current algorithm, the table's, the medians (µs; rank 0) and the
-    decisions."""
+    """Per key: the current algorithm, the table's, the calls, rank 0's decisions taken,
+    the medians (µs; rank 0) and the changes decided (rank 0)."""
     out = {}
     for key, k in _state(comm).items():
         med = {a: (statistics.median(w for *_, w in s) / 1e3 if s else None)
                for a, s in k.samples.items()}
         out[key] = {"current": k.current, "table": k.table, "calls": k.calls,
-                    "median_us": med, "history": list(k.history)}
+                    "decided": k.decided, "median_us": med, "history": list(k.history)}
     return out
