@@ -23,7 +23,8 @@ Goals (issue 30 item 3), judged per phase and printed as PASS/FAIL:
   best   the algorithm online selection holds from some call <= 200 on is within 3% of
          the phase's best fixed median, and so is the adaptive median over its calls
          from then on (explorations and waiting calls included; in a phase that starts
-         a new size, from the end of its first period, which measures every algorithm);
+         a new size, from the end of its first two periods, which measure the
+         algorithms: a probe of one call each, then a burst of the contenders);
   table  where the static table's choice is > 3% slower than the best, the adaptive
          median is >= 10% faster than the table's.
 Writes bench/results/adapt-<backend>-w<N>.json and .svg (the machine's load average at
@@ -158,7 +159,7 @@ def _rank(comm, phases, fixed: int, calls: int, block: int, backend: str):
                     "fixed_us": {a: statistics.median(v) for a, v in fixed_t.items()},
                     "fixed_times_us": fixed_t, "fixed_waits": {a: [w for _, w in v] for a, v
                                                                in fixed_ran.items()},
-                    "learning_calls": _adapt.PERIOD if new_key else 0,
+                    "learning_calls": 2 * _adapt.PERIOD if new_key else 0,
                     "table": table, "adaptive_times_us": times, "adaptive_choice": chosen,
                     "adaptive_ran": [a for a, _ in ran], "adaptive_waits": [w for _, w in ran],
                     "history": _adapt.state(comm)[_adapt.key_for(comm, "all_reduce", x)][
@@ -174,8 +175,8 @@ def judge(p: dict, within: int = 200, near: float = 0.03, gain: float = 0.10) ->
     chosen, times = p["adaptive_choice"], p["adaptive_times_us"]
     settled = next((i for i in range(len(chosen)) if all(c in good for c in chosen[i:])),
                    None)
-    # a phase that starts a new key (a new size) spends its first period measuring every
-    # algorithm (ring included): the median is taken from its end on
+    # a phase that starts a new key (a new size) spends its first two periods measuring
+    # the algorithms (ring once): the median is taken from their end on
     start = max(settled or 0, p.get("learning_calls", 0))
     after = times[start:] if settled is not None else times[-50:]
     adaptive = statistics.median(after)

@@ -188,6 +188,15 @@ def test_an_auto_call_waits_for_the_other_ranks_only_where_its_algorithm_changes
         assert max(waits) == 1  # (rank 0's decisions at calls 50, 100, 150: no wait)
 
 
+def test_a_new_size_runs_an_algorithm_far_slower_than_the_tables_once(world):
+    # ring has no host twin: the interpreter runs it, ~100x a one-shot call on CPU. The
+    # probe (one call of each algorithm) finds that; the burst after it leaves ring out,
+    # and a steady run of it waits for 2% of the key's time (thousands of calls).
+    res = world(_held, 2, 160, env={"COMMLAB_ADAPT": "1"}, timeout=400)
+    for ran, _, _ in res:
+        assert ran.count("ring") == 1 and ran[:3] == ["one_shot", "two_shot", "ring"], ran
+
+
 def _two_sizes_in_turn(comm, n_calls):
     from commlab.collectives import _adapt
 

@@ -3,7 +3,9 @@
 Per key (op, size bucket = a power of two, dtype, world size, world generation):
 
     current = the tuning table's choice (or the defaults)        # _select.choose
-    first PERIOD calls: BURST calls of every algorithm, then `current`
+    first PERIOD calls: one call of every algorithm (a probe), then `current`; the
+      next period measures `current` and the contenders the probe found within
+      HOPELESS of it, BURST calls each (a burst)
     every PERIOD-th call: rank 0 decides from the call records (wire time, median of
       each algorithm's samples since the previous decision):
         another algorithm >= SWITCH faster than     -> it becomes `current`
@@ -72,6 +74,7 @@ class _Key:
     tag: int  # this key's number on this communicator (the note's tag)
     calls: int = 0
     burst: tuple[str, ...] = ()  # the algorithms this period's burst measures
+    per: int = BURST  # calls per algorithm in it (a new key's probe: 1)
     explore: str = ""  # the contender this period's steady run measures
     last: str = ""  # the algorithm the key's previous call ran
     explored: int = 0  # calls that ran another algorithm than `current` (first period aside)
@@ -178,7 +181,7 @@ def _new_key(comm, key: tuple, op: str, x, algorithms: tuple[str, ...]) -> _Key 
         return None
     note = _note(comm)
     note.tags += 1
-    k = _state(comm)[key] = _Key(algs, table, table, note.tags, burst=algs)
+    k = _state(comm)[key] = _Key(algs, table, table, note.tags, burst=algs, per=1)
     return k
 
 
@@ -193,11 +196,11 @@ def _next(comm, note: _Note, key: tuple, k: _Key) -> str:
         note.decisions += 1
         note.pending = (comm.control.seq + 1, key, k.calls, word,
                         _decide(comm, note, k, word) if comm.rank == 0 else None)
-    elif k.burst and slot <= BURST * len(k.burst):
-        alg = k.burst[(slot - 1) // BURST]
+    elif k.burst and slot <= k.per * len(k.burst):
+        alg = k.burst[(slot - 1) // k.per]
     elif k.explore and PERIOD // 2 <= slot < PERIOD // 2 + RUN:
         alg = k.explore
-    if alg != k.current and k.calls > PERIOD:
+    if alg != k.current and k.calls > 2 * PERIOD:  # the first two periods learn
         k.explored += 1
     return alg
 
@@ -222,6 +225,7 @@ def _take(comm, note: _Note, seq: int, key: tuple, call: int, word: int,
                         tuple(a for i, a in enumerate(k.algorithms) if burst >> i & 1))
     if k is not None:
         k.current, k.explore, k.burst = decision or (k.current, "", ())
+        k.per = BURST
         k.decided += decision is not None
 
 
@@ -298,17 +302,22 @@ def _judge(k: _Key) -> tuple[str, bool, str]:
     best, best_r = k.current, 1.0
     for a in k.algorithms:
         s = _fresh(k, a)
-        if a == k.current or len(s) < 3:
+        if a == k.current or not s:
             continue
         base = _median(k, k.current, near=[r for r, _ in s]) or cur
         k.ratio[a] = statistics.median(w for _, w in s) / base
-        if k.ratio[a] < best_r:
+        # a switch needs a median of 3 or more, or one call HOPELESS**2 times faster
+        if (len(s) >= 3 or k.ratio[a] < HOPELESS ** -2) and k.ratio[a] < best_r:
             best, best_r = a, k.ratio[a]
     k.ratio[k.current] = 1.0
+    probe = k.calls <= PERIOD  # then a burst of the contenders worth measuring
     if best != k.current and best_r <= 1 - SWITCH:
         k.chosen_median = cur * best_r
         k.ratio = {a: r / best_r for a, r in k.ratio.items()}
-        return best, False, f"{best} {1 / best_r:.2f}x faster than {k.current}"
+        return best, probe, f"{best} {1 / best_r:.2f}x faster than {k.current}"
+    if probe:
+        near = [a for a in k.algorithms if a != k.current and k.ratio.get(a, 1.0) <= HOPELESS]
+        return k.current, bool(near), f"probe: {', '.join(near)} within {HOPELESS:g}x" * bool(near)
     if not k.chosen_median:
         k.chosen_median = cur
     drift = abs(cur - k.chosen_median) / k.chosen_median
@@ -322,7 +331,8 @@ def _judge(k: _Key) -> tuple[str, bool, str]:
 
 
 def _burst(k: _Key, cur: str) -> tuple[str, ...]:
-    """A drift's burst: the current algorithm and its contenders (not the HOPELESS)."""
+    """A burst (after the probe or a drift): the current algorithm and its contenders
+    (not the HOPELESS)."""
     return tuple(a for a in k.algorithms if a == cur or k.ratio.get(a, 1.0) <= HOPELESS)
 
 
