@@ -9,7 +9,8 @@ Per key (op, size bucket = a power of two, dtype, world size, world generation):
     every PERIOD-th call: rank 0 decides from the call records (wire time, median of
       each algorithm's samples since the previous decision):
         another algorithm >= SWITCH faster than     -> it becomes `current`
-          `current`'s calls next to its own
+          `current`'s calls next to its own and
+          `current`'s last WINDOW calls
         `current`'s median moved > DRIFT            -> a burst period (BURST calls of
                                                        `current` and its contenders)
         else, within the EXPLORE budget             -> RUN calls of one contender in
@@ -304,11 +305,15 @@ def _judge(k: _Key) -> tuple[str, bool, str]:
         s = _fresh(k, a)
         if a == k.current or not s:
             continue
+        t = statistics.median(w for _, w in s)
         base = _median(k, k.current, near=[r for r, _ in s]) or cur
-        k.ratio[a] = statistics.median(w for _, w in s) / base
-        # a switch needs a median of 3 or more, or one call HOPELESS**2 times faster
-        if (len(s) >= 3 or k.ratio[a] < HOPELESS ** -2) and k.ratio[a] < best_r:
-            best, best_r = a, k.ratio[a]
+        k.ratio[a] = t / base
+        # a switch needs a median of 3 or more (faster than both the calls next to it
+        # and the last WINDOW: one window of a few calls is easily off on a busy
+        # machine), or one call HOPELESS**2 times faster
+        r = max(k.ratio[a], t / cur)
+        if (len(s) >= 3 or r < HOPELESS ** -2) and r < best_r:
+            best, best_r = a, r
     k.ratio[k.current] = 1.0
     probe = k.calls <= PERIOD  # then a burst of the contenders worth measuring
     if best != k.current and best_r <= 1 - SWITCH:
