@@ -6,7 +6,7 @@
                                                             # 2 ranks sharing one GPU
 
 The table is set to --algorithm for all_reduce, so online selection (COMMLAB_ADAPT=1)
-starts on it and, once its first period is over, holds it. Then blocks of --block
+starts on it and, once its two learning periods are over, holds it. Then blocks of --block
 calls alternate (order swapped every round, a barrier before each block): ``algorithm=
 <fixed>`` and ``algorithm="auto"``. Per call on rank 0: host time, whether it waited
 in the agreement (the others ran ahead: ``commlab.runtime._ahead``) and, for ``auto``,
@@ -70,7 +70,7 @@ def _rank(comm, sizes, algorithm: str, rounds: int, block: int, fixed_block: int
         x = torch.ones(nbytes // 4, dtype=torch.float32, device=comm.device)
         key = _adapt.key_for(comm, "all_reduce", x)
         _block(comm, x, algorithm, 3, key)  # compile, leave the plan
-        _block(comm, x, "auto", _adapt.PERIOD + 10, key)  # the key's first period over
+        _block(comm, x, "auto", 2 * _adapt.PERIOD + 10, key)  # its learning periods over
         calls: dict[str, list] = {"fixed": [], "auto": []}
         pairs = []
         load0 = os.getloadavg()[0]

@@ -16,7 +16,7 @@ and a host agreement does not order two ranks' kernels on the device.
    none wrong. A FAIL here is a kernel-level hazard that also reaches ``auto`` with
    COMMLAB_ADAPT=0 when one program mixes sizes the table gives different algorithms.
 3. held: COMMLAB_ADAPT=1, a table that says one-shot, default schedule; once each size's
-   first period is over, blocks of 40 ``auto`` calls alternate with 40 explicit
+   two learning periods are over, blocks of 40 ``auto`` calls alternate with 40 explicit
    ``algorithm="one_shot"`` calls (a device synchronize after each call). PASS: no
    ``auto`` call waits in the agreement except a block's first and a change of
    algorithm (rank 0's decisions travel without one), and the median of the ``auto``
@@ -91,7 +91,7 @@ def _held(comm, calls):
     for n in SIZES:
         x = torch.ones(n, dtype=torch.float32, device=comm.device)
         key = _adapt.key_for(comm, "all_reduce", x)
-        for _ in range(_adapt.PERIOD + 10):  # the key's first period: every algorithm
+        for _ in range(2 * _adapt.PERIOD + 10):  # the key's learning periods (probe, burst)
             commlab.all_reduce(x)
         times: dict = {"auto": [], "one_shot": []}
         unexplained = 0
