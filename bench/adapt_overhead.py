@@ -56,7 +56,7 @@ def _block(comm, x, algorithm: str, n: int, key) -> list[tuple[float, int, str]]
 
 
 def _rank(comm, sizes, algorithm: str, rounds: int, block: int, fixed_block: int,
-          profile: bool):
+          profile: bool, hold: bool):
     import commlab
     from commlab.collectives import _adapt, _select
 
@@ -66,11 +66,15 @@ def _rank(comm, sizes, algorithm: str, rounds: int, block: int, fixed_block: int
     prof = ({m: cProfile.Profile(time.process_time) for m in ("fixed", "auto")}
             if profile and comm.rank == 0 else {})
     res = []
+    period = _adapt.PERIOD
     for nbytes in sizes:
+        _adapt.PERIOD = period
         x = torch.ones(nbytes // 4, dtype=torch.float32, device=comm.device)
         key = _adapt.key_for(comm, "all_reduce", x)
         _block(comm, x, algorithm, 3, key)  # compile, leave the plan
-        _block(comm, x, "auto", 2 * _adapt.PERIOD + 10, key)  # its learning periods over
+        _block(comm, x, "auto", 2 * period + 10, key)  # its learning periods over
+        if hold:  # no decision, exploration or burst from here on: the pick alone
+            _adapt.PERIOD = 1 << 40
         calls: dict[str, list] = {"fixed": [], "auto": []}
         pairs = []
         load0 = os.getloadavg()[0]
@@ -128,6 +132,8 @@ def main(argv=None) -> int:
     ap.add_argument("--fixed-block", type=int, default=None,
                     help="calls per fixed block (default --block; adapt_bench.py used 2)")
     ap.add_argument("--profile", default=None, help="write rank 0's cProfile text here")
+    ap.add_argument("--hold", action="store_true",
+                    help="after the learning periods, no more decisions (the pick's cost alone)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--notes", default="")
     a = ap.parse_args(argv)
@@ -136,7 +142,7 @@ def main(argv=None) -> int:
     sizes = [int(v) for v in a.sizes.split(",")]
     fixed_block = a.fixed_block or a.block
     res = run_world(_rank, a.ranks, args=(sizes, a.algorithm, a.rounds, a.block, fixed_block,
-                                          a.profile is not None),
+                                          a.profile is not None, a.hold),
                     backend=a.backend, timeout=3600, env={"COMMLAB_ADAPT": "1"})[0]
     rows = [summarize(s, a.algorithm) for s in res["sizes"]]
     for r in rows:
