@@ -234,6 +234,16 @@ def test_adapt_off_runs_the_table_and_makes_no_extra_agreement(world):
         assert state == {}
 
 
+def test_adapt_cpu_turns_online_selection_on_for_the_cpu_backend_only(world):
+    from commlab import _config
+
+    assert [_config.VARS["COMMLAB_ADAPT"].parse(v) for v in ("cpu", "1", "0")] == [
+        "cpu", True, False]
+    res = world(_adapt_off, 2, env={"COMMLAB_ADAPT": "cpu"})
+    for state, _seq in res:
+        assert [st["calls"] for st in state.values()] == [60], state
+
+
 def _profiled(comm, path):
     x = torch.ones(64, 4) * (comm.rank + 1)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],

@@ -37,8 +37,9 @@ The picked algorithm is agreed as its own signature field ("online"): the kernel
 trailing barrier" arguments hold between calls of one algorithm only, so a call that
 runs another algorithm than the previous one must not run ahead as its repeat (it waits;
 on CUDA the devices also meet first: ``fence``). A CUDA-graph capture freezes the key's
-current choice (a replay cannot re-choose) and says so once. ``COMMLAB_ADAPT=0``:
-``auto`` is the table's choice, deterministically.
+current choice (a replay cannot re-choose) and says so once. Default ``COMMLAB_ADAPT=cpu``
+(the CPU backend; GPUs once the fence is checked on one); ``COMMLAB_ADAPT=0``: ``auto`` is
+the table's choice, deterministically.
 """
 
 from __future__ import annotations
@@ -106,10 +107,13 @@ class _Note:
 
 def on(comm) -> bool:
     """Whether ``auto`` adapts on ``comm``: read once per communicator and world
-    generation (COMMLAB_ADAPT, records on, one host, more than one rank)."""
+    generation (COMMLAB_ADAPT: on, or "cpu" on the CPU backend; records on, one host,
+    more than one rank)."""
     cached = getattr(comm, "adapt_on", None)
     if cached is None or cached[0] != comm.generation:
-        cached = (comm.generation, bool(_config.get("COMMLAB_ADAPT")) and _records.enabled()
+        mode = _config.get("COMMLAB_ADAPT")  # True, False or "cpu" (that backend only)
+        cached = (comm.generation, (mode is True or mode == "cpu" and comm.backend == "cpu")
+                  and _records.enabled()
                   and comm.world_size > 1 and comm.local is comm
                   and isinstance(comm.control, ControlBlock))
         comm.adapt_on = cached
