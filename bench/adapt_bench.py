@@ -4,24 +4,32 @@
     python bench/adapt_bench.py --backend cuda --ranks 2         # 2 ranks sharing one GPU
 
 Phases (all_reduce, fp32), run in order on one world:
-  base   --base-bytes (1 MiB), nothing else running
+  small  --small-bytes (64 KiB), nothing else running
+  large  --large-bytes (1 MiB): a new size (on 4 CPU ranks the default table's one-shot
+         is no longer the best there since the host twins)
   load   the same message, a competing load beside rank ranks-1 (CPU: a busy process
          on that rank's core; cuda: a copy flood on its GPU from a side stream)
-  size   another size, --size-bytes (64 KiB), load gone
+  stale  --stale-bytes (256 KiB), load gone, under a tuning table measured elsewhere
+         that says ring for this size (on CPU ring runs interpreted: ~100x the others)
 In each phase the adaptive ``auto`` (COMMLAB_ADAPT=1, its state kept across phases)
-runs --calls calls in blocks of --block, each block followed by --fixed calls of every
-fixed algorithm: the comparison stays paired in time while the machine's load drifts.
-The fixed calls' records are dropped before each block (online selection learns only
-from its own calls).
+runs --calls calls in blocks of --block; each round also runs a block of one_shot and
+of two_shot and --fixed ring calls, blocks in a rotating order, each after a barrier:
+every mode's block starts the same way (a waiting call) and stays paired in time while
+the machine's load drifts. Online selection learns only from its own calls (rank 0
+feeds it their records after each adaptive block; the fixed calls' are dropped).
 Per call: rank 0's host time around the call (CPU: the interpreter finishes the kernel
-inside the call; cuda: a device synchronize after every call).
+inside the call; cuda: a device synchronize after every call), the algorithm it ran and
+whether it waited in the agreement (the others ran ahead of it).
 
 Goals (issue 30 item 3), judged per phase and printed as PASS/FAIL:
   best   the algorithm online selection holds from some call <= 200 on is within 3% of
-         the phase's best fixed median, and so is the adaptive median over its calls
-         from then on;
+         the phase's best fixed median, and so are its calls from then on: the median
+         over those rounds of (adaptive block median / the best algorithm's block
+         median in the same round), explorations and waiting calls included (in a phase
+         that starts a new size, from the end of its first two periods, which measure
+         the algorithms: a probe of one call each, then a burst);
   table  where the static table's choice is > 3% slower than the best, the adaptive
-         median is >= 10% faster than the table's.
+         blocks are >= 10% faster than the table's (the same paired median).
 Writes bench/results/adapt-<backend>-w<N>.json and .svg (the machine's load average at
 each phase's start and end is in the record: CPU timings on a shared box are noisy).
 """
@@ -81,58 +89,90 @@ def _load_stop(handle, backend: str) -> None:
         t.join()
 
 
-def _time_calls(comm, x, algorithm: str, n: int, cuda: bool) -> tuple[list[float], list[str]]:
+def _time_calls(comm, x, algorithm: str, n: int, cuda: bool) -> tuple[list[float], list[str], list]:
+    """``n`` calls: rank 0's host time of each, the algorithm online selection held after
+    it, and per call (the algorithm it ran, the waiting agreements it made)."""
     import commlab
     from commlab.collectives import _adapt
 
-    times, chosen = [], []
+    times, chosen, ran = [], [], []
     key = _adapt.key_for(comm, "all_reduce", x)
     for _ in range(n):
+        w0 = comm.control.waits
         t = time.perf_counter()
         commlab.all_reduce(x, algorithm=algorithm)
         if cuda:
             torch.cuda.synchronize(comm.device)
         times.append((time.perf_counter() - t) * 1e6)
-        st = _adapt._state(comm).get(key)
-        chosen.append(st.current if st is not None and algorithm == "auto" else algorithm)
-    commlab.synchronize()
-    return times, chosen
+        st = _adapt._state(comm).get(key) if algorithm == "auto" else None
+        chosen.append(st.current if st is not None else algorithm)
+        ran.append((st.last if st is not None else algorithm, comm.control.waits - w0))
+    return times, chosen, ran
 
 
 def _rank(comm, phases, fixed: int, calls: int, block: int, backend: str):
     import commlab
-    from commlab.collectives import _select
+    from commlab.collectives import _adapt, _select
     from commlab.runtime import records
 
     cuda = backend == "cuda"
     out = []
     for name, nbytes, loaded in phases:
         load0 = os.getloadavg()[0]
+        tuned = _select._tuned
+        if name == "stale":  # a table measured elsewhere: ring for this size
+            _select.use_tuning(lambda c, op, dtype, nb, n=nbytes, t=tuned: "ring" if (
+                op == "all_reduce" and nb == n) else (t(c, op, dtype, nb) if t else None))
         x = torch.ones(nbytes // 4, dtype=torch.float32, device=comm.device)
         handle = _load_start(comm, backend) if loaded and comm.rank == comm.world_size - 1 else None
         fixed_t: dict[str, list[float]] = {a: [] for a in ALGS}
+        fixed_ran: dict[str, list] = {a: [] for a in ALGS}
         times: list[float] = []
         chosen: list[str] = []
+        ran: list = []
         try:
             for alg in ALGS:
-                _time_calls(comm, x, alg, 3, cuda)  # warm-up: compile, plans
+                _time_calls(comm, x, alg, 2, cuda)  # warm-up: compile, plans
             table = _select.choose(comm, "all_reduce", x.dtype, nbytes, ALGS)
+            new_key = _adapt.key_for(comm, "all_reduce", x) not in _adapt.state(comm)
+            r = 0
             while len(times) < calls:
-                commlab.barrier()  # every rank's fixed calls ended: their records complete
-                records.collect(comm)  # ... and are not online selection's to learn from
-                t, c = _time_calls(comm, x, "auto", min(block, calls - len(times)), cuda)
-                times += t
-                chosen += c
-                for alg in ALGS:
-                    fixed_t[alg] += _time_calls(comm, x, alg, fixed, cuda)[0]
+                # blocks in a rotating order, each after a barrier (so each block's first
+                # call waits, whatever runs it); ring, 100x the others here, last and short
+                order = ["auto", "one_shot", "two_shot"]
+                order = order[r % 3:] + order[:r % 3] + ["ring"]
+                r += 1
+                for what in order:
+                    commlab.barrier()  # every rank's calls ended: their records complete
+                    if what == "auto":
+                        records.collect(comm)  # the fixed calls' records are not its to learn
+                        t, c, w = _time_calls(comm, x, "auto", min(block, calls - len(times)),
+                                              cuda)
+                        times, chosen, ran = times + t, chosen + c, ran + w
+                        commlab.barrier()
+                        if comm.rank == 0:
+                            _adapt.feed(comm)  # its own calls' records, before fixed ones come
+                    else:
+                        n = fixed if what == "ring" else block
+                        t, _, w = _time_calls(comm, x, what, n, cuda)
+                        fixed_t[what] += t
+                        fixed_ran[what] += w
+            commlab.synchronize()
         finally:
+            _select.use_tuning(tuned)
             if handle is not None:
                 _load_stop(handle, backend)
         out.append({"phase": name, "bytes": nbytes, "loaded_rank": comm.world_size - 1
                     if loaded else None, "loadavg": [load0, os.getloadavg()[0]],
                     "fixed_us": {a: statistics.median(v) for a, v in fixed_t.items()},
-                    "fixed_times_us": fixed_t, "table": table, "adaptive_times_us": times,
-                    "adaptive_choice": chosen})
+                    "fixed_times_us": fixed_t, "fixed_waits": {a: [w for _, w in v] for a, v
+                                                               in fixed_ran.items()},
+                    "learning_calls": 2 * _adapt.PERIOD if new_key else 0,
+                    "block": block, "ring_per_round": fixed,
+                    "table": table, "adaptive_times_us": times, "adaptive_choice": chosen,
+                    "adaptive_ran": [a for a, _ in ran], "adaptive_waits": [w for _, w in ran],
+                    "history": _adapt.state(comm)[_adapt.key_for(comm, "all_reduce", x)][
+                        "history"]})
     return out
 
 
@@ -144,16 +184,49 @@ def judge(p: dict, within: int = 200, near: float = 0.03, gain: float = 0.10) ->
     chosen, times = p["adaptive_choice"], p["adaptive_times_us"]
     settled = next((i for i in range(len(chosen)) if all(c in good for c in chosen[i:])),
                    None)
-    after = times[settled:] if settled is not None else times[-50:]
-    adaptive = statistics.median(after)
+    # a phase that starts a new key (a new size) spends its first two periods measuring
+    # the algorithms (ring once): the median is taken from their end on
+    start = max(settled or 0, p.get("learning_calls", 0)) if settled is not None else (
+        len(times) - 50)
+    adaptive = statistics.median(times[start:])
+    # the fixed calls of the same rounds (the machine's load drifts within a phase)
+    r0, block, ring_n = start // p["block"], p["block"], p["ring_per_round"]
+    same = {a: statistics.median(v[r0 * (ring_n if a == "ring" else block):] or v)
+            for a, v in p["fixed_times_us"].items()}
+    best_same = min(same.values())
+    best_alg = min(same, key=same.__getitem__)
+    # per round, the adaptive block's median over the fixed block's: a load that drifts
+    # between rounds moves both (block medians of one algorithm move +-50% on the shared
+    # 2-core box, so medians over 10 unpaired blocks differ by +-15% by chance)
+    rounds = range(-(-start // block), len(times) // block)
+
+    def paired(a: str) -> float:
+        n = ring_n if a == "ring" else block
+        return statistics.median(
+            statistics.median(times[i * block:(i + 1) * block])
+            / statistics.median(p["fixed_times_us"][a][i * n:(i + 1) * n]) for i in rounds)
+
     table_wrong = fixed[p["table"]] > fixed[best] * (1 + near)
     r = {"best": best, "within_3pct": sorted(good), "settled_after_calls": settled,
-         "adaptive_us": adaptive, "adaptive_vs_best": adaptive / fixed[best] - 1,
-         "table_us": fixed[p["table"]], "table_wrong": table_wrong,
-         "adaptive_vs_table": fixed[p["table"]] / adaptive - 1}
+         "from_call": start, "fixed_same_rounds_us": same,
+         "adaptive_us": adaptive, "adaptive_vs_best": adaptive / best_same - 1,
+         "table_us": same[p["table"]], "table_wrong": table_wrong,
+         "adaptive_vs_table": same[p["table"]] / adaptive - 1,
+         "paired_vs_best": paired(best_alg) - 1, "paired_vs_table": 1 / paired(p["table"]) - 1}
+    held = max(set(chosen), key=chosen.count)  # what online selection held most
+    ahead = [t for t, a, w in zip(times, p["adaptive_ran"], p["adaptive_waits"], strict=True)
+             if a == held and not w]
+    fixed_ahead = [t for t, w in zip(p["fixed_times_us"][held], p["fixed_waits"][held],
+                                     strict=True) if not w]
+    r["held"] = held
+    r["held_ahead_vs_fixed_ahead"] = statistics.median(ahead) / statistics.median(fixed_ahead) - 1
+    r["waits_per_100"] = {"adaptive": 100 * sum(p["adaptive_waits"]) / len(times),
+                          held: 100 * sum(p["fixed_waits"][held]) / len(p["fixed_waits"][held])}
+    r["explored_per_100"] = 100 * sum(a != c for a, c in zip(p["adaptive_ran"], chosen,
+                                                             strict=True)) / len(times)
     r["goal_best"] = (settled is not None and settled <= within
-                      and adaptive <= fixed[best] * (1 + near))
-    r["goal_table"] = (not table_wrong) or fixed[p["table"]] >= adaptive * (1 + gain)
+                      and r["paired_vs_best"] <= near)
+    r["goal_table"] = (not table_wrong) or r["paired_vs_table"] >= gain
     return r
 
 
@@ -188,7 +261,7 @@ def _svg(results: list[dict], title: str) -> str:
             _, y = xy(0, t / best)
             parts.append(f'<line x1="{xa}" y1="{y:.1f}" x2="{xb}" y2="{y:.1f}" '
                          f'stroke="{colors[alg]}" stroke-dasharray="4,3"/>')
-        for j, (r, c) in enumerate(zip(rel, p["adaptive_choice"], strict=True)):
+        for j, (r, c) in enumerate(zip(rel, p["adaptive_ran"], strict=True)):
             x, y = xy(i0 + j, r)
             parts.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="1.6" fill="{colors[c]}"/>')
         run = [statistics.median(rel[max(0, j - 24):j + 1]) for j in range(m)]
@@ -209,30 +282,41 @@ def main(argv=None) -> int:
     ap.add_argument("--backend", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--ranks", type=int, default=4)
     ap.add_argument("--fixed", type=int, default=2,
-                    help="calls per fixed algorithm after each adaptive block")
-    ap.add_argument("--block", type=int, default=20, help="adaptive calls per block")
+                    help="ring calls per round (it costs ~100 of the others on CPU)")
+    ap.add_argument("--block", type=int, default=20,
+                    help="calls per block (adaptive, one_shot, two_shot)")
     ap.add_argument("--calls", type=int, default=200, help="adaptive calls per phase")
-    ap.add_argument("--base-bytes", default=1 << 20, type=int, help="phases base and load")
-    ap.add_argument("--size-bytes", default=64 << 10, type=int, help="phase size")
+    ap.add_argument("--small-bytes", default=64 << 10, type=int, help="phase small")
+    ap.add_argument("--large-bytes", default=1 << 20, type=int, help="phases large and load")
+    ap.add_argument("--stale-bytes", default=256 << 10, type=int, help="phase stale")
     ap.add_argument("--out", default=None)
     ap.add_argument("--notes", default="", help="what else ran on the machine meanwhile")
     a = ap.parse_args(argv)
     from commlab.testing import run_world
 
-    phases = [("base", a.base_bytes, False), ("load", a.base_bytes, True),
-              ("size", a.size_bytes, False)]
+    phases = [("small", a.small_bytes, False), ("large", a.large_bytes, False),
+              ("load", a.large_bytes, True), ("stale", a.stale_bytes, False)]
     res = run_world(_rank, a.ranks, args=(phases, a.fixed, a.calls, a.block, a.backend),
                     backend=a.backend, timeout=3600, env={"COMMLAB_ADAPT": "1"})[0]
     out = Path(a.out or HERE / "results" / f"adapt-{a.backend}-w{a.ranks}.json")
     summary = []
     for p in res:
         p.update(judge(p))
+        same = p["fixed_same_rounds_us"]
         summary.append(
             f"{p['phase']:5s} {p['bytes'] >> 10:6d} KiB  best {p['best']} "
-            f"{p['fixed_us'][p['best']]:.0f} us, table {p['table']} {p['table_us']:.0f} us, "
-            f"adaptive {p['adaptive_us']:.0f} us ({p['adaptive_vs_best']:+.1%} vs best, "
-            f"{p['adaptive_vs_table']:+.1%} faster than the table), choice within 3% from "
-            f"call {p['settled_after_calls']}, load {p['loadavg'][0]:.1f}-{p['loadavg'][1]:.1f}")
+            f"{p['fixed_us'][p['best']]:.0f} us, table {p['table']} "
+            f"{p['fixed_us'][p['table']]:.0f} us; choice within 3% from call "
+            f"{p['settled_after_calls']}; from call {p['from_call']}: adaptive "
+            f"{p['adaptive_us']:.0f} us against fixed {min(same.values()):.0f} (best) and "
+            f"{p['table_us']:.0f} (table); paired rounds: {p['paired_vs_best']:+.1%} vs the "
+            f"best, {p['paired_vs_table']:+.1%} faster than the table; load "
+            f"{p['loadavg'][0]:.1f}-{p['loadavg'][1]:.1f}")
+        summary.append(
+            f"  held {p['held']}: its calls that ran ahead {p['held_ahead_vs_fixed_ahead']:+.1%} "
+            f"vs the fixed ones that did; waiting calls per 100: adaptive "
+            f"{p['waits_per_100']['adaptive']:.1f}, fixed {p['waits_per_100'][p['held']]:.1f}; "
+            f"explored {p['explored_per_100']:.1f} per 100")
         summary.append(f"  {'PASS' if p['goal_best'] else 'FAIL'} within 3% of the best "
                        f"within 200 calls")
         if p["table_wrong"]:

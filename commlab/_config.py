@@ -34,6 +34,11 @@ def _flag(value: str) -> bool:
     return value.strip().lower() not in ("0", "false", "off", "no", "")
 
 
+def _adapt_mode(value: str) -> bool | str:
+    """COMMLAB_ADAPT: "cpu" (the CPU backend only), else a flag (every backend or none)."""
+    return "cpu" if value.strip().lower() == "cpu" else _flag(value)
+
+
 @dataclass(frozen=True)
 class Var:
     """One environment variable: its default, how it is parsed, what it does."""
@@ -99,10 +104,11 @@ VARS: dict[str, Var] = {v.name: v for v in (
         "host's abort word every 1024 spins and return when a rank is lost (read at "
         "`import commlab`; off until `bench/checks/gpu_elastic_abort.py` passes on a GPU)",
         "commlab.language", at_import=True),
-    Var("COMMLAB_ADAPT", "0", _flag,
-        "`1`: `algorithm=\"auto\"` also measures every call and adapts online (off by "
-        "default until `bench/checks/gpu_adapt_switch.py` has run on a GPU); `0`: the "
-        "tuning table (or the defaults) alone, deterministically",
+    Var("COMMLAB_ADAPT", "cpu", _adapt_mode,
+        "`cpu`: `algorithm=\"auto\"` also measures every call and adapts online on the CPU "
+        "backend (on GPUs once `bench/checks/gpu_adapt_switch.py` has run there); `1`: on "
+        "every backend; `0`: the tuning table (or the defaults) alone, deterministically (the "
+        "test suite sets it: `tests/conftest.py`)",
         "commlab.collectives"),
     Var("COMMLAB_ROUNDS", None, int,
         "forces the pipeline depth of the collectives (tests use it to exercise the "

@@ -119,9 +119,10 @@ def test_tune_restarts_online_selection_from_the_new_tables_choice(world):
 def _slow_one_shot_reader(comm, n_calls, delay):
     import sys
 
-    from commlab.collectives import _cpu_all_reduce, _select
+    from commlab.collectives import _adapt, _cpu_all_reduce, _select
 
     _select.use_tuning(lambda c, op, dtype, nbytes: "two_shot" if op == "all_reduce" else None)
+    _adapt.HOPELESS = float("inf")  # one-shot, made slow below, stays a contender
     if comm.rank == 1:  # rank 1 reads its one-shot inboxes late (only one-shot's reads)
         reduce_into = _cpu_all_reduce.reduce_into
 
@@ -133,23 +134,88 @@ def _slow_one_shot_reader(comm, n_calls, delay):
         _cpu_all_reduce.reduce_into = late
     x = torch.arange(1024, dtype=torch.float32) * (comm.rank + 1)
     want = torch.arange(1024, dtype=torch.float32) * 3
-    wrong = []
+    key = _adapt.key_for(comm, "all_reduce", x)
+    wrong, ran = [], []
     for i in range(n_calls):
         y = commlab.all_reduce(x)
+        ran.append(_adapt._state(comm)[key].last)
         if not torch.equal(y, want):
             wrong.append((i, int((y != want).sum())))
     commlab.synchronize()
-    return wrong
+    return wrong, ran
 
 
 def test_a_call_that_explores_waits_for_the_peer_still_reading_the_previous_kernel(world):
     # The table says two-shot; one-shot made slow on rank 1 stays explored, not chosen.
-    # Call 75 explores one-shot, call 76 returns to two-shot. Were they agreed under one
-    # signature (algorithm="auto"), call 76 would run ahead on rank 0 and push into rank
-    # 1's two-shot inbox A, which overlaps the one-shot slot rank 1 is still reading:
-    # 512 of its 1024 elements came back wrong in 3 runs of 3 before the fix.
-    res = world(_slow_one_shot_reader, 2, 110, 0.03, env={"COMMLAB_ADAPT": "1"}, timeout=400)
-    assert res == [[], []]
+    # Calls 175-177 explore one-shot, call 178 returns to two-shot. Were they agreed
+    # under one signature (algorithm="auto"), call 178 would run ahead on rank 0 and push
+    # into rank 1's two-shot inbox A, which overlaps the one-shot slot rank 1 is still
+    # reading: 512 of its 1024 elements came back wrong in 3 runs of 3 before the fix.
+    res = world(_slow_one_shot_reader, 2, 190, 0.03, env={"COMMLAB_ADAPT": "1"}, timeout=400)
+    assert [wrong for wrong, _ in res] == [[], []]
+    ran = res[0][1]
+    assert ran == res[1][1]  # every rank ran the same algorithm on every call
+    assert "one_shot" in ran[100:-1] and ran[-1] == "two_shot", ran  # explored, returned
+
+
+def _held(comm, n_calls):
+    from commlab.collectives import _adapt
+
+    x = torch.arange(1024, dtype=torch.float32) * (comm.rank + 1)
+    key = _adapt.key_for(comm, "all_reduce", x)
+    ran, waits = [], []
+    for _ in range(n_calls):
+        w0 = comm.control.waits
+        y = commlab.all_reduce(x)
+        waits.append(comm.control.waits - w0)
+        ran.append(_adapt._state(comm)[key].last)
+        assert float(y[1]) == 3.0
+    commlab.synchronize()
+    return ran, waits, _adapt._state(comm)[key].calls
+
+
+def test_an_auto_call_waits_for_the_other_ranks_only_where_its_algorithm_changes(world):
+    # A fixed algorithm's repeated calls run ahead (no waiting agreement); so do auto's
+    # while online selection holds its choice: its decisions every PERIOD calls travel
+    # without an agreement of their own, and only a change of algorithm (exploring,
+    # switching, returning) makes a call wait.
+    res = world(_held, 2, 160, env={"COMMLAB_ADAPT": "1"}, timeout=400)
+    (ran, waits, calls), (ran1, _, _) = res
+    assert ran == ran1 and calls == 160  # every rank ran the same algorithm on every call
+    for ran, waits, _ in res:
+        changed = [0] + [i for i in range(1, len(ran)) if ran[i] != ran[i - 1]]
+        assert [i for i, w in enumerate(waits) if w] == changed, (ran, waits)
+        assert max(waits) == 1  # (rank 0's decisions at calls 50, 100, 150: no wait)
+
+
+def test_a_new_size_runs_an_algorithm_far_slower_than_the_tables_once(world):
+    # ring has no host twin: the interpreter runs it, ~100x a one-shot call on CPU. The
+    # probe (one call of each algorithm) finds that; the burst after it leaves ring out,
+    # and a steady run of it waits for 2% of the key's time (thousands of calls).
+    res = world(_held, 2, 160, env={"COMMLAB_ADAPT": "1"}, timeout=400)
+    for ran, _, _ in res:
+        assert ran.count("ring") == 1 and ran[:3] == ["one_shot", "two_shot", "ring"], ran
+
+
+def _two_sizes_in_turn(comm, n_calls):
+    from commlab.collectives import _adapt
+
+    xs = [torch.ones(256), torch.ones(4096)]
+    for i in range(2 * n_calls):
+        if comm.rank == 1:
+            time.sleep(0.002)  # rank 0 enters each call first (as when the peers lag)
+        y = commlab.all_reduce(xs[i % 2])
+        assert float(y[0]) == 2.0
+    commlab.synchronize()
+    return [(st["calls"], st["decided"]) for st in _adapt.state(comm).values()]
+
+
+def test_keys_called_in_turn_each_take_rank_zeros_decisions(world):
+    # Both keys reach a decision point on neighbouring calls; rank 0 gets there first.
+    # With one note word the second key found the first's word not yet read by the peer
+    # (it reads it at that very call) and skipped its decision, every period.
+    res = world(_two_sizes_in_turn, 2, 160, env={"COMMLAB_ADAPT": "1"}, timeout=400)
+    assert res[0] == res[1] == [(160, 3), (160, 3)], res  # decisions at calls 50, 100, 150
 
 
 def _adapt_off(comm):
@@ -166,6 +232,16 @@ def test_adapt_off_runs_the_table_and_makes_no_extra_agreement(world):
     res = world(_adapt_off, 2, env={"COMMLAB_ADAPT": "0"})
     for state, _seq in res:
         assert state == {}
+
+
+def test_adapt_cpu_turns_online_selection_on_for_the_cpu_backend_only(world):
+    from commlab import _config
+
+    assert [_config.VARS["COMMLAB_ADAPT"].parse(v) for v in ("cpu", "1", "0")] == [
+        "cpu", True, False]
+    res = world(_adapt_off, 2, env={"COMMLAB_ADAPT": "cpu"})
+    for state, _seq in res:
+        assert [st["calls"] for st in state.values()] == [60], state
 
 
 def _profiled(comm, path):
@@ -222,20 +298,30 @@ def test_arrival_spans_export_as_a_perfetto_trace_with_wait_and_comm_categories(
     assert recs[0].last_rank == 1 and recs[0].late_ns == 4000
 
 
-def test_a_hopeless_algorithm_is_explored_only_every_spare_round_and_travels_in_the_note():
-    from collections import deque
-
+def test_a_hopeless_algorithm_is_explored_only_within_the_time_budget():
     from commlab.collectives import _adapt
 
-    k = _adapt._Key(("one_shot", "two_shot", "ring"), "one_shot", "one_shot")
-    k.samples = {"one_shot": deque([1.0, 1.1, 0.9]), "two_shot": deque([1.5, 1.4, 1.6]),
-                 "ring": deque([90.0, 110.0, 100.0])}
-    assert _adapt._hopeless(k, "one_shot") == {"ring"}
-    slow = [k.algorithms.index("ring")]
-    assert _adapt._decode(_adapt._encode(123, 1, True, slow)) == (123, 1, 1, 1 << slow[0])
-    k.slow = frozenset({"ring"})
-    explored = [_adapt._explore(k) for _ in range(4 * _adapt.SPARE)]
-    assert explored.count("ring") == 4 and explored.count("two_shot") == 4 * _adapt.SPARE - 4
-    k.slow = frozenset({"two_shot", "ring"})  # nothing near: mostly no exploration at all
-    explored = [_adapt._explore(k) for _ in range(4 * _adapt.SPARE)]
-    assert explored.count("one_shot") == 4 * _adapt.SPARE - 4
+    k = _adapt._Key(("one_shot", "two_shot", "ring"), "one_shot", "one_shot", tag=1)
+    k.ratio = {"one_shot": 1.0, "two_shot": 1.5, "ring": 100.0}
+    picked = []
+    for period in range(3, 600):  # the key's decisions from call 150 to 30,000
+        k.calls = period * _adapt.PERIOD
+        a = _adapt._explore(k, "one_shot")
+        k.explored += _adapt.RUN if a else 0
+        picked.append(a)
+    runs = [a for a in picked if a]
+    assert k.explored <= _adapt.EXPLORE * (k.calls + _adapt.PERIOD // 2)  # 2% of calls
+    assert runs.count("two_shot") > 50
+    # ring's run costs 3 x 99 one-shot calls: within 2% of 30,000 calls, once or twice
+    assert 1 <= runs.count("ring") <= 2, runs.count("ring")
+    assert k.excess <= _adapt.EXPLORE * k.calls
+
+
+def test_rank_zeros_decision_word_round_trips():
+    from commlab.collectives import _adapt
+
+    for tag, call, cur, explore, burst in [(1, 50, 2, -1, 0), (65535, 2**32 - 50, 0, 2, 7),
+                                           (70000, 2**40 + 100, 6, 6, 0xFF)]:
+        v = _adapt._encode(tag, call, cur, explore, burst)
+        assert 0 <= v < 2**63  # one signed 64-bit word of the control block
+        assert _adapt._decode(v) == (tag % 2**16, call % 2**32, cur, explore, burst)

@@ -15,6 +15,12 @@ and a host agreement does not order two ranks' kernels on the device.
    in turn at one size (the same sizes, 1200 calls each); every result checked. PASS:
    none wrong. A FAIL here is a kernel-level hazard that also reaches ``auto`` with
    COMMLAB_ADAPT=0 when one program mixes sizes the table gives different algorithms.
+3. held: COMMLAB_ADAPT=1, a table that says one-shot, default schedule; once each size's
+   two learning periods are over, blocks of 40 ``auto`` calls alternate with 40 explicit
+   ``algorithm="one_shot"`` calls (a device synchronize after each call). PASS: no
+   ``auto`` call waits in the agreement except a block's first and a change of
+   algorithm (rank 0's decisions travel without one), and the median of the ``auto``
+   calls that ran one-shot is within 5% of the explicit ones' (``held_vs_fixed``).
 Prints PASS/FAIL per check; writes every number to --out. ``--backend cpu --calls 60``
 runs the same harness on CPU ranks (where a host agreement does order the kernels).
 """
@@ -73,6 +79,46 @@ def _explicit(comm, calls):
     return out
 
 
+def _held(comm, calls):
+    import statistics
+
+    import commlab
+    from commlab.collectives import _adapt, _select
+
+    _select.use_tuning(lambda c, op, dtype, nbytes: "one_shot" if op == "all_reduce" else None)
+    ctl, block = comm.control, 40
+    out = {}
+    for n in SIZES:
+        x = torch.ones(n, dtype=torch.float32, device=comm.device)
+        key = _adapt.key_for(comm, "all_reduce", x)
+        for _ in range(2 * _adapt.PERIOD + 10):  # the key's learning periods (probe, burst)
+            commlab.all_reduce(x)
+        times: dict = {"auto": [], "one_shot": []}
+        unexplained = 0
+        for r in range(max(1, calls // (2 * block))):
+            for mode in (("auto", "one_shot") if r % 2 == 0 else ("one_shot", "auto")):
+                commlab.barrier()
+                prev = None
+                for i in range(block):
+                    w0 = ctl.waits
+                    t = time.perf_counter()
+                    commlab.all_reduce(x, algorithm=mode)
+                    if comm.backend == "cuda":
+                        torch.cuda.synchronize(comm.device)
+                    dt = (time.perf_counter() - t) * 1e6
+                    ran = _adapt._state(comm)[key].last if mode == "auto" else mode
+                    if mode == "auto" and ctl.waits > w0 and i > 0 and ran == prev:
+                        unexplained += 1
+                    prev = ran
+                    if ran == "one_shot":
+                        times[mode].append(dt)
+        med = {m: statistics.median(v) for m, v in times.items()}
+        out[n] = {"median_us": med, "held_vs_fixed": med["auto"] / med["one_shot"] - 1,
+                  "unexplained_waits": unexplained, "calls": {m: len(v) for m, v in
+                                                              times.items()}}
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="gpu-adapt-switch.json")
@@ -89,6 +135,18 @@ def main(argv=None) -> int:
         fails += not ok
         print(("PASS " if ok else "FAIL ") + text, flush=True)
 
+    res = run_world(_held, 2, args=(a.calls,), backend=a.backend, timeout=600,
+                    env={"COMMLAB_ADAPT": "1"})
+    rec["held"] = res
+    for n in SIZES:
+        r0 = res[0][n]
+        say(all(r[n]["unexplained_waits"] == 0 for r in res),
+            f"held all_reduce of {n} fp32: auto calls that waited without a change of "
+            f"algorithm per rank {[r[n]['unexplained_waits'] for r in res]}")
+        say(r0["held_vs_fixed"] <= 0.05,
+            f"held all_reduce of {n} fp32: auto holding one_shot {r0['median_us']['auto']:.1f} "
+            f"us against one_shot called explicitly {r0['median_us']['one_shot']:.1f} us "
+            f"({r0['held_vs_fixed']:+.1%}, rank 0, median)")
     for name, fn, adapt in (("adaptive", _adaptive, "1"), ("explicit", _explicit, "0")):
         res = run_world(fn, 2, args=(a.calls,), backend=a.backend, timeout=600,
                         env={"COMMLAB_ADAPT": adapt})

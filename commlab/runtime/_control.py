@@ -51,7 +51,8 @@ if TYPE_CHECKING:
 
 SLOT = 256
 RING = 8  # slots per rank: how many calls may be published before peers check them
-_STATE = 64  # per rank, after the slots: the checked word
+_STATE = 64  # per rank, after the slots: the checked word, then NOTES note words
+NOTES = 4
 _AHEAD_BIT = 1 << 32  # in the length word: published without waiting (see _ahead)
 _HDR = struct.Struct("<qq")  # published seq, signature length
 _SEQ = struct.Struct("<q")
@@ -155,20 +156,28 @@ class ControlBlock:
     def set_checked(self, n: int) -> None:
         _SEQ.pack_into(self.buf, self._state(self.rank), n)
 
-    def set_note(self, value: int) -> None:
-        """A word peers read after this rank's next published call (online selection:
-        rank 0's decision). Written before the publish, so a peer that saw the call sees
-        it; the next note comes dozens of calls later, after every peer read this one."""
-        _SEQ.pack_into(self.buf, self._state(self.rank) + 8, value)
+    def set_note(self, value: int, word: int = 0) -> None:
+        """Word ``word`` (of NOTES) peers read after this rank's next published call
+        (online selection: rank 0's decisions). Written before the publish, so a peer
+        that saw the call sees it; a word is written again only once every peer read it
+        (``collectives._adapt``)."""
+        _SEQ.pack_into(self.buf, self._state(self.rank) + 8 + 8 * (word % NOTES), value)
 
-    def note(self, rank: int) -> int:
-        return _SEQ.unpack_from(self.buf, self._state(rank) + 8)[0]
+    def note(self, rank: int, word: int = 0) -> int:
+        return _SEQ.unpack_from(self.buf, self._state(rank) + 8 + 8 * (word % NOTES))[0]
 
     def _published(self, rank: int) -> int:
         return max(_HDR.unpack_from(self.buf, self._slot(rank, s))[0] for s in range(RING))
 
     def published(self, rank: int, seq: int) -> bool:
         return _SEQ.unpack_from(self.buf, (rank * RING + seq % RING) * SLOT)[0] >= seq
+
+    def wait_published(self, rank: int, seq: int, op: str) -> None:
+        """Return once ``rank`` has published call ``seq`` (online selection: its note
+        of that call is written); the timeout and a lost rank end it as any wait."""
+        if not self.published(rank, seq):
+            self._wait(seq, Signature(op, {}),
+                       lambda r: r != rank or self.published(rank, seq), "publish")
 
     def went_ahead(self, rank: int, seq: int) -> bool:
         """Whether ``rank`` published ``seq`` without waiting (it has launched already)."""
