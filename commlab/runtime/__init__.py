@@ -4,6 +4,7 @@ from commlab._interpreter import triton_lib as _triton_lib
 from commlab.runtime._bootstrap import set_group_source
 from commlab.runtime._control import SYNC_HOOK, Signature
 from commlab.runtime._grow import grow
+from commlab.runtime._grow_hosts import grow_across as _grow_across  # noqa: F401 (registers)
 from commlab.runtime._hosts import HostGroups
 from commlab.runtime._join import join as _join  # noqa: F401 (init(join=True))
 from commlab.runtime._shrink import shrink

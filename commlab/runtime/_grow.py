@@ -59,6 +59,9 @@ JOIN_PREFIX = "commlab/join"
 _JOINS: dict = {}  # (addr, port) -> the authenticated join namespace of that store
 _SEEN: dict = {}  # (addr, port) -> the first ticket not yet decided, as last read
 PENDING_STATE = [False]  # this process joined and has not received a State yet
+# the paths of a world across hosts: ``(grow_across, join_across)``, registered by
+# ``runtime/_grow_hosts`` when ``commlab.runtime`` is imported (it builds on this module)
+ACROSS_HOSTS: list = [None]
 
 
 class _Aborted(Exception):
@@ -218,9 +221,7 @@ def grow(n: int, timeout: float | None = None) -> _c.Communicator:
         raise CommlabUsageError(f"commlab.grow({n}): {m.world_size} + {n} ranks exceeds 64")
     limit = control.timeout if timeout is None else float(timeout)
     if old.across is not None:
-        from commlab.runtime import _grow_hosts
-
-        return _grow_hosts.grow_across(old, n, limit)
+        return ACROSS_HOSTS[0][0](old, n, limit)
     old.synchronize()  # calls that ran ahead are checked: this rank's kernels have ended
     gc.collect()  # blocks dead in cycles return to the arena on every member alike
     key = _store_key()

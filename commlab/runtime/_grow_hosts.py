@@ -43,6 +43,7 @@ from commlab.runtime._control import ControlBlock
 from commlab.runtime._cross import HostsAgreement
 from commlab.runtime._devices import Placement
 from commlab.runtime._grow import (
+    ACROSS_HOSTS,
     PENDING_STATE,
     _Aborted,
     _addr,
@@ -366,3 +367,6 @@ def join_across(store, prefix: str, rank: int, w: dict, timeout: float) -> _c.Co
     PENDING_STATE[0] = True
     _connect(comm, prefix, "join.commit")
     return comm
+
+
+ACROSS_HOSTS[0] = (grow_across, join_across)

@@ -24,6 +24,7 @@ from commlab.runtime import _auth, _bootstrap, _settings, _shm
 from commlab.runtime import communicator as _c
 from commlab.runtime._devices import Placement
 from commlab.runtime._grow import (
+    ACROSS_HOSTS,
     PENDING_STATE,
     _Aborted,
     _addr,
@@ -57,10 +58,8 @@ def join(backend: str, timeout: float) -> _c.Communicator:
                                 f"commlab/{gen}")
     _bootstrap._GENERATIONS[key] = max(_bootstrap._GENERATIONS.get(key, 0), gen)
     w = json.loads(store.get(f"{prefix}/decision"))["world"]
-    if w.get("hosts") is not None:  # a world across hosts
-        from commlab.runtime import _grow_hosts
-
-        return _grow_hosts.join_across(store, prefix, rank, w, timeout)
+    if w.get("hosts") is not None:  # a world across hosts (runtime/_grow_hosts)
+        return ACROSS_HOSTS[0][1](store, prefix, rank, w, timeout)
     size, pids = w["size"], tuple(w["pids"])
     rnd = _Round(store, prefix, pids, rank, time.monotonic() + w["phase_s"])
     layout = HeapLayout(*w["layout"])
