@@ -59,9 +59,7 @@ JOIN_PREFIX = "commlab/join"
 _JOINS: dict = {}  # (addr, port) -> the authenticated join namespace of that store
 _SEEN: dict = {}  # (addr, port) -> the first ticket not yet decided, as last read
 PENDING_STATE = [False]  # this process joined and has not received a State yet
-# the paths of a world across hosts: ``(grow_across, join_across)``, registered by
-# ``runtime/_grow_hosts`` when ``commlab.runtime`` is imported (it builds on this module)
-ACROSS_HOSTS: list = [None]
+ACROSS_HOSTS: list = [None]  # (grow_across, join_across): runtime/_grow_hosts sets it
 
 
 class _Aborted(Exception):
@@ -195,6 +193,18 @@ class _Round:
 
 
 # -- members ------------------------------------------------------------------------------
+
+def begin(old, m: Membership, limit: float) -> tuple:
+    """A member's start of a grow round (also across hosts): kernels ended, garbage
+    collected alike; the round's ``(key, joins, store, prefix, arena)``."""
+    old.synchronize()  # calls that ran ahead are checked: this rank's kernels have ended
+    gc.collect()  # blocks dead in cycles return to the arena on every member alike
+    key, attempt = _store_key(), getattr(m, "_grows", 0) + 1
+    setattr(m, "_grows", attempt)  # noqa: B010 - a counter on the members' object
+    prefix = f"grow/g{m.generation}/a{attempt}"
+    return key, _joins(key, limit), m.store, prefix, _arena(old.heap)
+
+
 def grow(n: int, timeout: float | None = None) -> _c.Communicator:
     """Admit ``n`` newcomers (processes in ``commlab.init(join=True)``) as ranks W..W+n-1;
     returns the new default Communicator (also ``commlab.get_communicator()``).
@@ -222,15 +232,8 @@ def grow(n: int, timeout: float | None = None) -> _c.Communicator:
     limit = control.timeout if timeout is None else float(timeout)
     if old.across is not None:
         return ACROSS_HOSTS[0][0](old, n, limit)
-    old.synchronize()  # calls that ran ahead are checked: this rank's kernels have ended
-    gc.collect()  # blocks dead in cycles return to the arena on every member alike
-    key = _store_key()
-    joins, store = _joins(key, limit), m.store
-    attempt = getattr(m, "_grows", 0) + 1
-    setattr(m, "_grows", attempt)  # noqa: B010 - a counter on the members' object
-    prefix = f"grow/g{m.generation}/a{attempt}"
+    key, joins, store, prefix, arena = begin(old, m, limit)
     heap = old.heap
-    arena = _arena(heap)
     reach("grow.arrive")
     store.set(f"{prefix}/arrive/{m.rank}", json.dumps(
         {"pid": os.getpid(), "fd": heap.fd, "arena": hashlib.sha1(

@@ -24,7 +24,6 @@ default group and then the hosts' groups in one watched thread, and fills them i
 from __future__ import annotations
 
 import dataclasses
-import gc
 import hashlib
 import json
 import os
@@ -47,17 +46,15 @@ from commlab.runtime._grow import (
     PENDING_STATE,
     _Aborted,
     _addr,
-    _arena,
     _decide,
-    _joins,
     _member_wait,
     _Round,
-    _store_key,
+    begin,
     connect_group,
     machine,
 )
 from commlab.runtime._hosts import HostGroups, make_groups
-from commlab.runtime._join import _newcomer_heap
+from commlab.runtime._join import _newcomer_heap, map_heaps
 from commlab.runtime._kill_points import reach
 from commlab.runtime._shrink_hosts import assemble
 from commlab.runtime.heap import FLAGS_BYTES, SIGNAL_PAD_BYTES, HeapLayout
@@ -199,15 +196,8 @@ def grow_across(old: _c.Communicator, n: int, limit: float) -> _c.Communicator:
     assert old.across is not None and here._world is not None
     control = here.control
     assert isinstance(control, ControlBlock)
-    old.synchronize()  # this rank's kernels have ended
-    gc.collect()  # blocks dead in cycles return to the arena on every member alike
-    key = _store_key()
-    joins, store = _joins(key, limit), m.store
-    attempt = getattr(m, "_grows", 0) + 1
-    setattr(m, "_grows", attempt)  # noqa: B010 - a counter on the members' object
-    prefix = f"grow/g{m.generation}/a{attempt}"
+    key, joins, store, prefix, arena = begin(old, m, limit)
     heap = old.heap
-    arena = _arena(heap)
     probe = _shm.segment_name(world.token, "probe", m.rank)
     nonce = os.urandom(8)
     seg = _shm.create(probe, 8)
@@ -323,15 +313,7 @@ def join_across(store, prefix: str, rank: int, w: dict, timeout: float) -> _c.Co
         reach("join.map")
         maps = []
         try:
-            for r in hosts[h]:
-                if r < w["members"]:
-                    pid, peer_fd = w["fds"][r]
-                    maps.append(_shm.open_peer_fd(pid, peer_fd, layout.size))
-                elif r == rank:
-                    maps.append(mine)
-                else:
-                    other = rnd.wait(f"heap/{r}", f"rank {r}'s heap").decode()
-                    maps.append(_shm.open_existing(other, layout.size))
+            maps = map_heaps(rnd, w, hosts[h], rank, mine, layout.size)
             block = _host_block(rnd, w, hosts, h, rank)
         except OSError as e:
             raise rnd.fail(f"cannot map a peer's heap or the agreement block ({e}); "

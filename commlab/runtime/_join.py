@@ -75,15 +75,7 @@ def join(backend: str, timeout: float) -> _c.Communicator:
         reach("join.map")
         maps = []
         try:
-            for r in range(size):
-                if r < w["members"]:
-                    pid, peer_fd = w["fds"][r]
-                    maps.append(_shm.open_peer_fd(pid, peer_fd, layout.size))
-                elif r == rank:
-                    maps.append(mine)
-                else:
-                    other = rnd.wait(f"heap/{r}", f"rank {r}'s heap").decode()
-                    maps.append(_shm.open_existing(other, layout.size))
+            maps = map_heaps(rnd, w, range(size), rank, mine, layout.size)
             block = _control_block(rnd, rank, w["token"], size)
         except OSError as e:
             raise rnd.fail(f"cannot map a peer's heap or the agreement block ({e}); "
@@ -173,3 +165,19 @@ def _newcomer_heap(layout: HeapLayout, rank: int, bases: list[int], mine,
 
 
 _c.JOIN[0] = join
+
+
+def map_heaps(rnd: _Round, w: dict, ranks, rank: int, mine, size: int) -> list:
+    """A newcomer's mappings of the heaps of ``ranks`` (its own is ``mine``): a member's
+    through its fd, another newcomer's by the name it published in the round."""
+    maps = []
+    for r in ranks:
+        if r < w["members"]:
+            pid, peer_fd = w["fds"][r]
+            maps.append(_shm.open_peer_fd(pid, peer_fd, size))
+        elif r == rank:
+            maps.append(mine)
+        else:
+            other = rnd.wait(f"heap/{r}", f"rank {r}'s heap").decode()
+            maps.append(_shm.open_existing(other, size))
+    return maps
