@@ -125,10 +125,9 @@ def _after_grow(comm, seed: int) -> dict:
     return rec
 
 
-def grow_across_hosts_world(comm, note_dir: str, seed: int) -> dict:
-    """Rank 3 SIGKILLs itself; the survivors shrink (hosts [[0, 1], [2]]), then grow by
-    the newcomer waiting beside them, and the grown world is checked."""
-    start = comm.rank
+def _rank_3_dies_and_the_rest_shrink(start: int):
+    """all_reduce until rank 3 (``start``: the rank at init) SIGKILLs itself at its third
+    call; the survivors catch RankLostError and shrink: their new Communicator."""
     step = 0
     while True:
         if start == 3 and step == 2:
@@ -137,8 +136,14 @@ def grow_across_hosts_world(comm, note_dir: str, seed: int) -> dict:
             commlab.all_reduce(torch.ones(3))
             step += 1
         except commlab.RankLostError:
-            comm = commlab.shrink()
-            break
+            return commlab.shrink()
+
+
+def grow_across_hosts_world(comm, note_dir: str, seed: int) -> dict:
+    """Rank 3 SIGKILLs itself; the survivors shrink (hosts [[0, 1], [2]]), then grow by
+    the newcomer waiting beside them, and the grown world is checked."""
+    start = comm.rank
+    comm = _rank_3_dies_and_the_rest_shrink(start)
     t0 = time.perf_counter()
     comm = commlab.grow(1, timeout=60)
     grow_s = time.perf_counter() - t0
@@ -161,16 +166,7 @@ def grow_meets_a_death_world(comm, point: str, note_dir: str) -> dict:
     if start == 1 and point.startswith("grow."):
         _kill_points.arm(point, lambda: os.kill(os.getpid(), signal.SIGKILL))
     rec: dict = {"start_rank": start, "pid": os.getpid()}
-    step = 0
-    while True:
-        if start == 3 and step == 2:
-            os.kill(os.getpid(), signal.SIGKILL)
-        try:
-            commlab.all_reduce(torch.ones(3))
-            step += 1
-        except commlab.RankLostError:
-            comm = commlab.shrink()
-            break
+    comm = _rank_3_dies_and_the_rest_shrink(start)
     try:
         commlab.grow(1, timeout=60)
         rec["grow"] = "grew"
