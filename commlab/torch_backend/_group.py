@@ -147,7 +147,14 @@ class CommlabProcessGroup(dist.ProcessGroup):
         comm = self._comm
         if comm is None or comm.closed:
             comm = self.communicator()
-        return comm if _dense_on(self._on, tensors) else None
+        cuda = self._on == "cuda"
+        for x in tensors:  # _dense_on, its top level inlined (most calls pass tensors)
+            if isinstance(x, torch.Tensor):
+                if not (x.is_cuda if cuda else x.is_cpu) or x.layout is not _STRIDED:
+                    return None
+            elif not _dense_on(self._on, x):
+                return None
+        return comm
 
     def _done(self, result, comm, opts):
         """The Work of a call that ran on commlab's kernels (and its profiler event). A
