@@ -110,12 +110,12 @@ def _check(op: str, n: int, world: int, rank: int, groups: dict, gen) -> None:
                                    msg=lambda m, impl=impl: f"{op} {n} fp32 {impl}: {m}")
 
 
-def _profile(world: int, rank: int, groups: dict, calls: int) -> str:
-    """Rank 0's cProfile of ``calls`` backend calls of every op at PROFILE_BYTES."""
+def _profile(world: int, rank: int, groups: dict, calls: int, ops: tuple) -> str:
+    """Rank 0's cProfile of ``calls`` backend calls of each of ``ops`` at PROFILE_BYTES."""
     text = []
     for nbytes in PROFILE_BYTES:
         prof = cProfile.Profile()
-        for op in OPS:
+        for op in ops:
             n = _elems(op, nbytes, world)
             x = torch.zeros(n // world if op == "all_gather" else n)
             _, backend, _ = _calls(op, n, world, groups, x)
@@ -131,7 +131,8 @@ def _profile(world: int, rank: int, groups: dict, calls: int) -> str:
     return "\n".join(text)
 
 
-def bench(comm, sizes: tuple, iters: int, reps: int, profile_calls: int) -> dict:
+def bench(comm, sizes: tuple, iters: int, reps: int, profile_calls: int,
+          ops: tuple = OPS) -> dict:
     import commlab
     from commlab.bench._records import Record, git_commit
 
@@ -142,7 +143,7 @@ def bench(comm, sizes: tuple, iters: int, reps: int, profile_calls: int) -> dict
     gen = torch.Generator().manual_seed(1234 + rank)
     device, commit = f"cpu ({os.cpu_count()} cores)", git_commit(ROOT)
     records, ratios = [], {}
-    for op in OPS:
+    for op in ops:
         for nbytes in sizes:
             n = _elems(op, nbytes, world)
             _check(op, n, world, rank, groups, gen)
@@ -166,7 +167,7 @@ def bench(comm, sizes: tuple, iters: int, reps: int, profile_calls: int) -> dict
                                                nbytes=n * 4, world_size=world,
                                                time_us=worst, device=device,
                                                commit=commit, mode="eager"))
-    prof = _profile(world, rank, groups, profile_calls) if profile_calls else ""
+    prof = _profile(world, rank, groups, profile_calls, ops) if profile_calls else ""
     dist.barrier(group=groups["gloo"])
     dist.destroy_process_group()
     return ({"records": [r.__dict__ for r in records], "ratios": ratios, "profile": prof}
@@ -192,6 +193,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--world", type=int, default=2)
     p.add_argument("--sizes", default=",".join(map(str, SIZES)), help="total bytes, comma-separated")
+    p.add_argument("--ops", default=",".join(OPS), help="ops to time, comma-separated")
     p.add_argument("--iters", type=int, default=20, help="back-to-back calls per round")
     p.add_argument("--reps", type=int, default=15, help="rounds per impl (interleaved)")
     p.add_argument("--profile", default=None, metavar="TAG",
@@ -203,9 +205,12 @@ def main() -> None:
     from commlab.testing import run_world
 
     sizes = tuple(int(s) for s in a.sizes.split(","))
+    ops = tuple(a.ops.split(","))
+    if not set(ops) <= set(OPS):
+        p.error(f"--ops: {sorted(set(ops) - set(OPS))} unknown; pick from {', '.join(OPS)}")
     env = {"COMMLAB_BACKEND": "cpu", "OMP_NUM_THREADS": "1"}
     got = run_world(bench, a.world,
-                    args=(sizes, a.iters, a.reps, a.profile_calls if a.profile else 0),
+                    args=(sizes, a.iters, a.reps, a.profile_calls if a.profile else 0, ops),
                     init=False, timeout=1800, env=env)[0]
     records = got["records"]
     text = table(records, got["ratios"])

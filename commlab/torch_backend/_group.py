@@ -29,7 +29,16 @@ from commlab.trace import RECORDER as _RECORDER
 ROUTES: Counter = Counter()  # (route, method) -> calls; route "kernel" or "fallback"
 _NO_EVENT = contextlib.nullcontext()  # no profiler: nothing to name (one C call to ask)
 _STRIDED = torch.strided
-_CALL = threading.local()  # the call in progress on this thread: (method, event, inputs)
+
+
+class _Call(threading.local):
+    """The call in progress on this thread: (method, event, inputs, args, route key of
+    a kernel call, profiler on), or None."""
+
+    call: tuple | None = None
+
+
+_CALL = _Call()
 
 
 def _traced(event: str, inputs=lambda args: args[0]):
@@ -42,6 +51,7 @@ def _traced(event: str, inputs=lambda args: args[0]):
 
     def decorate(method):
         name = method.__name__.lstrip("_")
+        kernel = ("kernel", name)  # its ROUTES key, made once
 
         @functools.wraps(method)
         def wrapper(self, *args, **kwargs):
@@ -49,12 +59,13 @@ def _traced(event: str, inputs=lambda args: args[0]):
                 from commlab.errors import CommlabUsageError
 
                 raise CommlabUsageError(f"dist.{name}: {self.retired}")
-            before = getattr(_CALL, "call", None)
-            _CALL.call = (name, event, inputs, args)
+            before = _CALL.call
+            profiling = _profiler_enabled()
+            _CALL.call = (name, event, inputs, args, kernel, profiling)
             limit = CALL_TIMEOUT[0]  # call_timeout(self.timeout_s), inlined
             CALL_TIMEOUT[0] = self.timeout_s
             try:
-                if not (_profiler_enabled() or _RECORDER.active):
+                if not (profiling or _RECORDER.active):
                     return method(self, *args, **kwargs)
                 with trace.event_named_outside() if _profile.enabled() else _NO_EVENT:
                     if not trace.is_recording():
@@ -71,7 +82,7 @@ def _traced(event: str, inputs=lambda args: args[0]):
 
 
 def _route(route: str) -> tuple | None:
-    call = getattr(_CALL, "call", None)
+    call = _CALL.call
     if call is not None:
         ROUTES[(route, call[0])] += 1
     return call
@@ -94,6 +105,7 @@ class CommlabProcessGroup(dist.ProcessGroup):
         self._name = ""
         self._desc = ""
         self._comm = None
+        self._on = "cpu"  # the device type of _comm's tensors (set with _comm)
         self.retired = ""  # why every call raises: commlab.shrink() made a new group
         # commlab's all-reduce algorithm for this group's all_reduce calls ("auto",
         # "one_shot", "two_shot", "ring"); set it on every rank, between calls
@@ -122,10 +134,10 @@ class CommlabProcessGroup(dist.ProcessGroup):
         if comm is None or comm.closed:
             from commlab.runtime import current_communicator
 
-            call = getattr(_CALL, "call", None)
+            call = _CALL.call
             comm = current_communicator() or _build.build(
                 call[0] if call else "communicator", self.timeout_s or _default_timeout())
-            self._comm = comm
+            self._comm, self._on = comm, comm.device.type
         return comm
 
     def _native(self, *tensors):
@@ -135,17 +147,24 @@ class CommlabProcessGroup(dist.ProcessGroup):
         comm = self._comm
         if comm is None or comm.closed:
             comm = self.communicator()
-        return comm if _dense_on(comm.device.type, tensors) else None
+        cuda = self._on == "cuda"
+        for x in tensors:  # _dense_on, its top level inlined (most calls pass tensors)
+            if isinstance(x, torch.Tensor):
+                if not (x.is_cuda if cuda else x.is_cpu) or x.layout is not _STRIDED:
+                    return None
+            elif not _dense_on(self._on, x):
+                return None
+        return comm
 
     def _done(self, result, comm, opts):
         """The Work of a call that ran on commlab's kernels (and its profiler event). A
         blocking call on the CPU backend (``opts.asyncOp`` False: torch only calls its
         ``wait()``, and the kernels have finished) gets the one shared finished Work."""
-        call = getattr(_CALL, "call", None)
+        call = _CALL.call
         if call is not None:
-            ROUTES[("kernel", call[0])] += 1
-            if _profiler_enabled():
-                _, event, inputs, args = call
+            ROUTES[call[4]] += 1
+            if call[5]:
+                _, event, inputs, args = call[:4]
                 _profile.record(f"commlab:{event}", _flat(inputs(args)))
         if opts is not None and not opts.asyncOp and comm.backend == "cpu":
             return FINISHED  # CUDA: once bench/checks/gpu_torch_backend_overhead.py passed
@@ -272,8 +291,9 @@ class CommlabProcessGroup(dist.ProcessGroup):
     def all_to_all_single(self, output, inp, output_splits, input_splits, opts=None):
         opts = opts or dist.AllToAllOptions()
         comm = self._native(output, inp)
-        if comm is None or not (_even(output_splits, output, self.size())
-                                and _even(input_splits, inp, self.size())):
+        if comm is None or (output_splits or input_splits) and not (
+                _even(output_splits, output, self.size())
+                and _even(input_splits, inp, self.size())):
             pg = self._fb(inp)
             return pg.alltoall_base(output, inp, output_splits, input_splits, opts)
         _native.all_to_all_even_(comm, output, inp)

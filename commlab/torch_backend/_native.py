@@ -64,6 +64,9 @@ def exchange_rows(comm, t: torch.Tensor) -> torch.Tensor:
 
 
 def all_reduce_(comm, t: torch.Tensor, name: str, algorithm: str = "auto") -> None:
+    if name == "sum" and comm.backend == "cpu" and t.dtype in NATIVE and t.is_contiguous():
+        _into.all_reduce_(t, "sum", algorithm)  # the common call: reduced into t
+        return
     if in_kernel(name, t.dtype):
         kernel_op = "sum" if name == "avg" else name
         if comm.backend == "cpu" and t.is_contiguous():
@@ -80,9 +83,10 @@ def all_reduce_(comm, t: torch.Tensor, name: str, algorithm: str = "auto") -> No
 
 
 def broadcast_(comm, t: torch.Tensor, src: int) -> None:
-    if t.dtype not in NATIVE:
+    native = t.dtype in NATIVE
+    if not native:
         agree(comm, "dist.broadcast", dtype=_dt(t.dtype), shape=tuple(t.shape), src=src)
-    if t.dtype in NATIVE:
+    if native:
         if comm.backend == "cpu" and t.is_contiguous():
             _into.broadcast_(t, src)
             return
@@ -111,7 +115,12 @@ def _sizes(op: str, W: int, out: torch.Tensor, inp: torch.Tensor, whole: str) ->
 
 
 def all_gather_into_(comm, out: torch.Tensor, inp: torch.Tensor) -> None:
-    err = _sizes("all_gather_into_tensor", comm.world_size, out, inp, whole="output")
+    W, n, dtype = comm.world_size, inp.numel(), inp.dtype
+    if (dtype in NATIVE and out.dtype == dtype and out.numel() == W * n
+            and comm.backend == "cpu" and _into.writable(out, inp)):
+        _into.all_gather(inp.reshape(1, n), out.view(W, n))  # the common call
+        return
+    err = _sizes("all_gather_into_tensor", W, out, inp, whole="output")
     check(comm, "all_gather", err)
     if inp.dtype not in NATIVE:
         agree(comm, "dist.all_gather", dtype=_dt(inp.dtype), shape=tuple(inp.shape))
@@ -138,7 +147,11 @@ def all_gather_list_(comm, outs: list, inp: torch.Tensor) -> None:
 
 
 def reduce_scatter_into_(comm, out: torch.Tensor, inp: torch.Tensor, name: str) -> None:
-    W = comm.world_size
+    W, k, dtype = comm.world_size, out.numel(), out.dtype
+    if (name == "sum" and dtype in NATIVE and inp.dtype == dtype and inp.numel() == W * k
+            and comm.backend == "cpu" and _into.writable(out, inp)):
+        _into.reduce_scatter(inp.reshape(W, k), "sum", out.view(1, k))  # the common call
+        return
     err = _sizes("reduce_scatter_tensor", W, out, inp, whole="input")
     check(comm, "reduce_scatter", err)
     if not in_kernel(name, inp.dtype):
@@ -158,7 +171,11 @@ def reduce_scatter_into_(comm, out: torch.Tensor, inp: torch.Tensor, name: str) 
 
 
 def all_to_all_even_(comm, out: torch.Tensor, inp: torch.Tensor) -> None:
-    W = comm.world_size
+    W, n, dtype = comm.world_size, inp.numel(), inp.dtype
+    if (dtype in NATIVE and out.dtype == dtype and out.numel() == n and n % W == 0
+            and comm.backend == "cpu" and _into.writable(out, inp)):
+        _into.all_to_all(inp.reshape(W, n // W), out.view(W, n // W))  # the common call
+        return
     err = ""
     if out.dtype != inp.dtype or out.numel() != inp.numel() or inp.numel() % W:
         err = (f"all_to_all_single: input ({inp.numel()} x {_dt(inp.dtype)}) and output "

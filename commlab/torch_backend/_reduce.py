@@ -23,10 +23,13 @@ _NAMES = {
 }
 _BY_TYPE = dict(_NAMES)  # RedOpType -> name; a ReduceOp is looked up by its .op
 KERNEL_OPS = ("sum", "max", "min", "avg")
+_SUM = dist.ReduceOp.SUM
 
 
 def op_name(op) -> str:
     """The name of a ReduceOp ("sum", "avg", ...); ValueError for PREMUL_SUM."""
+    if op == _SUM:  # the common case: one pybind comparison (.op and its hash cost 3 calls)
+        return "sum"
     try:  # a ReduceOp carries its RedOpType in .op: one dict lookup (no pybind == per op)
         name = _BY_TYPE.get(getattr(op, "op", op))
     except TypeError:  # unhashable: not a ReduceOp
