@@ -1,8 +1,10 @@
 """What the CPU per-call benchmarks share (``cpu_eager_bench``, ``torch_backend_overhead``):
-a timed round of back-to-back calls, the slowest rank's value, a cProfile as text."""
+their command line, a timed round of back-to-back calls, the slowest rank's value, a
+cProfile as text."""
 
 from __future__ import annotations
 
+import argparse
 import io
 import pstats
 import time
@@ -37,3 +39,16 @@ def profile_text(prof, heading: str, sorts: tuple[tuple[str, int], ...]) -> list
         pstats.Stats(prof, stream=s).strip_dirs().sort_stats(key).print_stats(top)
         out.append(f"## {heading}, by {key}\n" + s.getvalue())
     return out
+
+
+def parser(doc: str, world: int, iters: int, reps: int, profile: str) -> argparse.ArgumentParser:
+    """The options every CPU per-call benchmark takes (``profile``: where ``--profile TAG``
+    writes rank 0's cProfile); a benchmark adds its own."""
+    p = argparse.ArgumentParser(description=doc.split("\n")[0])
+    p.add_argument("--world", type=int, default=world)
+    p.add_argument("--iters", type=int, default=iters, help="back-to-back calls per round")
+    p.add_argument("--reps", type=int, default=reps, help="rounds per impl (interleaved)")
+    p.add_argument("--profile", default=None, metavar="TAG",
+                   help=f"also write rank 0's cProfile to {profile}")
+    p.add_argument("--out", default=None, help="records file (JSON list)")
+    return p

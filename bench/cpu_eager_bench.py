@@ -15,7 +15,6 @@ The goal (issue 29): all_reduce 1M fp32 at most 3x gloo, a 256 KiB collective at
 
 from __future__ import annotations
 
-import argparse
 import cProfile
 import json
 import os
@@ -28,7 +27,7 @@ import torch.distributed as dist
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench._cpu_timing import profile_text, round_us, slowest  # noqa: E402
+from bench._cpu_timing import parser, profile_text, round_us, slowest  # noqa: E402
 
 # (op, total bytes as nccl-tests counts them: all_gather's output, the others' input)
 CASES = (("all_reduce", 256 << 10), ("all_reduce", 4 << 20), ("all_gather", 256 << 10),
@@ -152,14 +151,7 @@ def table(records: list[dict]) -> str:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--world", type=int, default=4)
-    p.add_argument("--iters", type=int, default=5, help="back-to-back calls per round")
-    p.add_argument("--reps", type=int, default=7, help="rounds per impl (interleaved)")
-    p.add_argument("--profile", default=None, metavar="TAG",
-                   help="also write rank 0's cProfile to cpu-eager-profile-TAG.txt")
-    p.add_argument("--out", default=None, help="records file (JSON list)")
-    a = p.parse_args()
+    a = parser(__doc__, 4, 5, 7, "cpu-eager-profile-TAG.txt").parse_args()
     sys.path.insert(0, str(ROOT))
     from commlab.testing import run_world
 

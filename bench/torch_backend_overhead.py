@@ -22,7 +22,6 @@ of the backend's calls to ``bench/results/profiles/cpu-torch-backend-TAG-w<W>.tx
 
 from __future__ import annotations
 
-import argparse
 import cProfile
 import json
 import os
@@ -35,7 +34,7 @@ import torch.distributed as dist
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench._cpu_timing import profile_text, round_us, slowest  # noqa: E402
+from bench._cpu_timing import parser, profile_text, round_us, slowest  # noqa: E402
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
 SIZES = (8, 1 << 10, 64 << 10, 1 << 20)  # total bytes (fp32)
@@ -190,16 +189,10 @@ def table(records: list[dict], ratios: dict) -> str:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--world", type=int, default=2)
+    p = parser(__doc__, 2, 20, 15, "profiles/cpu-torch-backend-TAG-w<W>.txt")
     p.add_argument("--sizes", default=",".join(map(str, SIZES)), help="total bytes, comma-separated")
     p.add_argument("--ops", default=",".join(OPS), help="ops to time, comma-separated")
-    p.add_argument("--iters", type=int, default=20, help="back-to-back calls per round")
-    p.add_argument("--reps", type=int, default=15, help="rounds per impl (interleaved)")
-    p.add_argument("--profile", default=None, metavar="TAG",
-                   help="also write rank 0's cProfile to profiles/cpu-torch-backend-TAG-w<W>.txt")
     p.add_argument("--profile-calls", type=int, default=100)
-    p.add_argument("--out", default=None, help="records file (JSON list)")
     a = p.parse_args()
     sys.path.insert(0, str(ROOT))
     from commlab.testing import run_world

@@ -11,6 +11,7 @@ import torch
 from commlab.collectives.broadcast import broadcast
 from commlab.errors import CommlabUsageError
 from commlab.runtime import _grow, get_communicator
+from commlab.runtime._join import inherited
 from commlab.runtime._kill_points import reach
 
 
@@ -110,7 +111,7 @@ class State:
             if kind == "object":
                 obj.load_state_dict(data)
             elif kind == "tensor":
-                held = _grow.inherited(comm, rest[0], data.shape, data.dtype) \
+                held = inherited(comm, rest[0], data.shape, data.dtype) \
                     if rest[0] is not None else None
                 if held is not None:  # a symmetric tensor: ours at the same offset
                     obj = self._objects[name] = held

@@ -181,6 +181,10 @@ class _Round:
             pause = _pause(pause)
         return self.store.get(f"{self.prefix}/{key}")
 
+    def heap(self, r: int, size: int):
+        """Newcomer ``r``'s heap, mapped by the name it published in the round."""
+        return _shm.open_existing(self.wait(f"heap/{r}", f"rank {r}'s heap").decode(), size)
+
     def verdict(self) -> str:
         """"go" once every rank is ready; else raises _Aborted (the same text everywhere)."""
         self.store.set(f"{self.prefix}/ready/{self.rank}", "1")
@@ -251,9 +255,7 @@ def grow(n: int, timeout: float | None = None) -> _c.Communicator:
     keep: list = []
     try:
         try:
-            for r in range(m.world_size, size):
-                name = rnd.wait(f"heap/{r}", f"rank {r}'s heap").decode()
-                keep.append(_shm.open_existing(name, heap.layout.size))
+            keep += [rnd.heap(r, heap.layout.size) for r in range(m.world_size, size)]
             keep.append(_control_block(rnd, m.rank, w["token"], size))
         except OSError as e:  # a segment gone: its owner died, or the round aborted
             raise rnd.fail(f"cannot map a newcomer's heap or the agreement block ({e})") \
@@ -436,14 +438,3 @@ def connect_group(members: Membership, prefix: str, point: str,
         lost = members.behind(box["error"], "commlab.grow (connecting the grown world's group)")
         raise lost or box["error"]
     return box["pg"], box["then"]
-
-
-def inherited(comm: _c.Communicator, offset: int, shape, dtype: torch.dtype):
-    """The newcomer's block at ``offset`` as a tensor (it then lives like any symmetric
-    tensor), or None when this rank holds no such block from its join."""
-    raw = comm.heap.inherited.pop(offset, None)
-    if raw is None:
-        return None
-    nbytes = int(torch.Size(shape).numel()) * torch.empty((), dtype=dtype).element_size()
-    return raw[:nbytes].view(dtype).view(tuple(shape))
-

@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 from commlab.errors import CollectiveTimeoutError, CommlabError
-from commlab.runtime import _bootstrap, _settings, _shm
+from commlab.runtime import _bootstrap, _shm
 from commlab.runtime import communicator as _c
 from commlab.runtime._beats import Beats
 from commlab.runtime._control import ControlBlock
@@ -54,7 +54,7 @@ from commlab.runtime._grow import (
     machine,
 )
 from commlab.runtime._hosts import HostGroups, make_groups
-from commlab.runtime._join import _newcomer_heap, map_heaps
+from commlab.runtime._join import _newcomer_heap, check_settings, map_heaps
 from commlab.runtime._kill_points import reach
 from commlab.runtime._shrink_hosts import assemble
 from commlab.runtime.heap import FLAGS_BYTES, SIGNAL_PAD_BYTES, HeapLayout
@@ -226,9 +226,7 @@ def grow_across(old: _c.Communicator, n: int, limit: float) -> _c.Communicator:
                 hosts = _grown_hosts(rnd, w)
                 h = old.across.host
                 added = [r for r in hosts[h] if r >= m.world_size]
-                for r in added:
-                    name = rnd.wait(f"heap/{r}", f"rank {r}'s heap").decode()
-                    maps.append(_shm.open_existing(name, heap.layout.size))
+                maps += [rnd.heap(r, heap.layout.size) for r in added]
                 if added:
                     maps.append(_host_block(rnd, w, hosts, h, m.rank))
             except OSError as e:  # a segment gone: its owner died, or the round aborted
@@ -299,10 +297,7 @@ def join_across(store, prefix: str, rank: int, w: dict, timeout: float) -> _c.Co
     name = _shm.segment_name(w["token"], "heap", rank)
     mine = fd = hosts = None
     try:
-        diffs = _settings.differences([w["settings"], _settings.settings({})])
-        if diffs:
-            raise rnd.fail(f"{'; '.join(diffs)} (rank 0 first, this newcomer second); set "
-                           f"the world's COMMLAB_* values on the newcomer")
+        check_settings(rnd, w)
         store.set(f"{prefix}/host/{rank}", json.dumps({"host": _my_host(w),
                                                        "machine": machine()}))
         hosts = _grown_hosts(rnd, w)

@@ -65,10 +65,7 @@ def join(backend: str, timeout: float) -> _c.Communicator:
     layout = HeapLayout(*w["layout"])
     name = _shm.segment_name(w["token"], "heap", rank)
     try:
-        diffs = _settings.differences([w["settings"], _settings.settings({})])
-        if diffs:
-            raise rnd.fail(f"{'; '.join(diffs)} (rank 0 first, this newcomer second); set "
-                           f"the world's COMMLAB_* values on the newcomer")
+        check_settings(rnd, w)
         mine = _shm.create(name, layout.size)
         fd = _shm.OpenFd(name)
         store.set(f"{prefix}/heap/{rank}", name)
@@ -167,6 +164,14 @@ def _newcomer_heap(layout: HeapLayout, rank: int, bases: list[int], mine,
 _c.JOIN[0] = join
 
 
+def check_settings(rnd: _Round, w: dict) -> None:
+    """Fail the round when this newcomer's COMMLAB_* settings differ from the world's."""
+    diffs = _settings.differences([w["settings"], _settings.settings({})])
+    if diffs:
+        raise rnd.fail(f"{'; '.join(diffs)} (rank 0 first, this newcomer second); set "
+                       f"the world's COMMLAB_* values on the newcomer")
+
+
 def map_heaps(rnd: _Round, w: dict, ranks, rank: int, mine, size: int) -> list:
     """A newcomer's mappings of the heaps of ``ranks`` (its own is ``mine``): a member's
     through its fd, another newcomer's by the name it published in the round."""
@@ -178,6 +183,15 @@ def map_heaps(rnd: _Round, w: dict, ranks, rank: int, mine, size: int) -> list:
         elif r == rank:
             maps.append(mine)
         else:
-            other = rnd.wait(f"heap/{r}", f"rank {r}'s heap").decode()
-            maps.append(_shm.open_existing(other, size))
+            maps.append(rnd.heap(r, size))
     return maps
+
+
+def inherited(comm: _c.Communicator, offset: int, shape, dtype: torch.dtype):
+    """The newcomer's block at ``offset`` as a tensor (it then lives like any symmetric
+    tensor), or None when this rank holds no such block from its join."""
+    raw = comm.heap.inherited.pop(offset, None)
+    if raw is None:
+        return None
+    nbytes = int(torch.Size(shape).numel()) * torch.empty((), dtype=dtype).element_size()
+    return raw[:nbytes].view(dtype).view(tuple(shape))
