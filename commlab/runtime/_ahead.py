@@ -56,7 +56,7 @@ class Ahead:
         self.block = block
         self.enabled = enabled
         self.last: bytes | None = None  # this rank's previous call, if it passed
-        # (seq, Signature, raw, call site) published, not yet checked
+        # (seq, Signature, raw, call site, digest) published, not yet checked
         self.pending: deque = deque()
         self.drains: dict[bytes, Callable[[], None]] = {}  # raw -> launch its kernel on zeros
 
@@ -77,9 +77,9 @@ class Ahead:
         # after ring_free: every peer published the calls it checked, so this checks up to
         # n - RING at least, and a peer waiting for our check is never left waiting
         self.poll()
-        b.publish(n, raw, ahead=True)
+        dig = b.publish(n, raw, ahead=True)
         b.seq = n
-        self.pending.append((n, sig, raw, CALLER[0]))
+        self.pending.append((n, sig, raw, CALLER[0], dig))
         return n
 
     def poll(self) -> None:
@@ -101,11 +101,11 @@ class Ahead:
             self._check()
 
     def _check(self) -> None:
-        n, sig, raw, site = self.pending.popleft()
+        n, sig, raw, site, dig = self.pending.popleft()
         b = self.block
         b.set_checked(n)
         for r in b.peers:
-            if b._raw(r, n) != raw:
+            if b.digest_of(r, n) != dig:  # 64 bits of the encoding (_control.digest)
                 try:
                     b._compare(n, sig, raw)  # raises the text every rank raises
                 except Exception as e:

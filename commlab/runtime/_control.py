@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING
 from commlab import _config
 from commlab._interpreter import liveness
 from commlab.errors import CollectiveTimeoutError, CommlabUsageError, RankMismatchError
-from commlab.runtime._ahead import Ahead
+from commlab.runtime._ahead import CALLER, Ahead
 
 if TYPE_CHECKING:
     from commlab.runtime.membership import Membership
@@ -53,9 +53,8 @@ SLOT = 256
 RING = 8  # slots per rank: how many calls may be published before peers check them
 _STATE = 64  # per rank, after the slots: the checked word
 _AHEAD_BIT = 1 << 32  # in the length word: published without waiting (see _ahead)
-_HDR = struct.Struct("<qq")  # published seq, signature length
-_SEQ = struct.Struct("<q")
-_LEN = struct.Struct("<q")
+_HDR = struct.Struct("<qqq")  # published seq, signature length, digest of the signature
+_WORD = struct.Struct("<qq")  # length, digest: written together after the body
 _SIG_MAX = SLOT - _HDR.size
 ACTIVE: list = [None]  # the newest ControlBlock: the kernels' watch names absent ranks
 CALL_TIMEOUT: list = [None]  # seconds for the calls in progress (call_timeout), else None
@@ -98,6 +97,21 @@ class Signature:
         return Signature(op, fields, error, {"cut": "1"} if cut else {})
 
 
+def digest(raw: bytes) -> int:
+    """64 bits of blake2b: what a repeated call's check compares with each peer's."""
+    return int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "little", signed=True)
+
+
+@dataclass(frozen=True, eq=False)
+class Record:
+    """A launch plan's agreement record, made once: the signature, its encoding and digest.
+    Publishing it again writes one 8-byte word when the slot already holds it."""
+
+    sig: Signature
+    raw: bytes
+    digest: int
+
+
 @contextlib.contextmanager
 def call_timeout(seconds: float | None):
     """Every wait of the calls made inside (agreement, kernels' host waits) gives up after
@@ -135,6 +149,8 @@ class ControlBlock:
         self.ahead = Ahead(self, _config.get("COMMLAB_AGREE_AHEAD"))
         self.entered = 0  # agree() calls begun: a local error before one is published
         self.last_published = 0  # the newest call this rank published
+        self.words = memoryview(buf).cast("q")  # the block as int64 words (seq, checked)
+        self._mine: list = [None] * RING  # the Record each of our slots holds, if any
         ACTIVE[0] = self
         self.members: Membership | None = None  # the world's members: every wait checks them
 
@@ -150,16 +166,20 @@ class ControlBlock:
 
     def checked(self, rank: int) -> int:
         """The last call ``rank`` finished comparing with every peer's."""
-        return _SEQ.unpack_from(self.buf, self._state(rank))[0]
+        return self.words[self._state(rank) >> 3]
 
     def set_checked(self, n: int) -> None:
-        _SEQ.pack_into(self.buf, self._state(self.rank), n)
+        self.words[self._state(self.rank) >> 3] = n
 
     def _published(self, rank: int) -> int:
         return max(_HDR.unpack_from(self.buf, self._slot(rank, s))[0] for s in range(RING))
 
     def published(self, rank: int, seq: int) -> bool:
-        return _SEQ.unpack_from(self.buf, (rank * RING + seq % RING) * SLOT)[0] >= seq
+        return self.words[(rank * RING + seq % RING) * (SLOT >> 3)] >= seq
+
+    def digest_of(self, rank: int, seq: int) -> int:
+        """The digest ``rank`` published with call ``seq``."""
+        return self.words[(rank * RING + seq % RING) * (SLOT >> 3) + 2]
 
     def went_ahead(self, rank: int, seq: int) -> bool:
         """Whether ``rank`` published ``seq`` without waiting (it has launched already)."""
@@ -167,8 +187,9 @@ class ControlBlock:
 
     def ring_free(self, n: int) -> bool:
         """Whether publishing ``n`` overwrites only slots every peer has checked."""
+        words, base, low = self.words, self.world_size * RING * (SLOT >> 3), n - RING
         for r in self.peers:
-            if self.checked(r) < n - RING:
+            if words[base + r * (_STATE >> 3)] < low:
                 return False
         return True
 
@@ -203,6 +224,50 @@ class ControlBlock:
         finally:
             self._lock.release()
 
+    def record(self, sig: Signature, raw: bytes | None = None) -> Record:
+        """The fixed record ``repeat`` publishes for ``sig`` (made once per launch plan)."""
+        raw = sig.encode() if raw is None else raw
+        return Record(sig, raw, digest(raw))
+
+    def repeat(self, rec: Record) -> int:
+        """``agree(rec.sig, rec.raw, ahead=True)`` in a few Python steps: when the call may
+        run ahead (``Ahead.may_skip``) publish the record (one word when the slot holds
+        it already) and return; else the waiting agreement."""
+        if not self._lock.acquire(blocking=False):
+            return self.agree(rec.sig, rec.raw, ahead=True)  # raises the thread refusal
+        ahead, words = self.ahead, self.words
+        try:
+            n = self.seq + 1
+            pending = ahead.pending
+            skip = (SYNC_HOOK[0] is None and ahead.enabled and rec.raw == ahead.last
+                    and len(pending) < RING and rec.raw in ahead.drains and self.ring_free(n))
+            if skip:
+                self.entered += 1
+                while pending:  # Ahead.poll inlined: check what every peer has published
+                    m = pending[0][0]
+                    slot = (m % RING) * (SLOT >> 3)
+                    stride = RING * (SLOT >> 3)
+                    if any(words[r * stride + slot] < m for r in self.peers):
+                        break
+                    if any(words[r * stride + slot + 2] != pending[0][4] for r in self.peers):
+                        ahead.poll()  # raises the mismatch, as every rank does
+                    pending.popleft()
+                    words[self._state(self.rank) >> 3] = m  # checked
+                k = n % RING
+                off = (self.rank * RING + k) * SLOT
+                if self._mine[k] is not rec:
+                    self._write(off, rec.raw, rec.digest, True)
+                    self._mine[k] = rec
+                words[off >> 3] = n  # publish: one aligned 8-byte store, after the body
+                self.last_published = self.seq = n
+                pending.append((n, rec.sig, rec.raw, CALLER[0], rec.digest))
+        except BaseException:
+            ahead.last = None
+            raise
+        finally:
+            self._lock.release()
+        return n if skip else self.agree(rec.sig, rec.raw, ahead=True)
+
     def settle(self) -> None:
         """Check every call that ran ahead (waits for peers to publish them); raises the
         mismatch one of them had, the same error the peers raise."""
@@ -213,16 +278,22 @@ class ControlBlock:
                 self.ahead.last = None
                 raise
 
-    def publish(self, n: int, raw: bytes, *, ahead: bool = False) -> None:
+    def _write(self, off: int, raw: bytes, dig: int, ahead: bool) -> None:
+        self.buf[off + _HDR.size : off + _HDR.size + len(raw)] = raw
+        _WORD.pack_into(self.buf, off + 8, len(raw) | (_AHEAD_BIT if ahead else 0), dig)
+
+    def publish(self, n: int, raw: bytes, *, ahead: bool = False) -> int:
+        """Write call ``n``'s signature into our slot, then ``n``; returns its digest."""
         off = self._slot(self.rank, n)
-        buf = self.buf
-        buf[off + _HDR.size : off + _HDR.size + len(raw)] = raw
-        _LEN.pack_into(buf, off + 8, len(raw) | (_AHEAD_BIT if ahead else 0))
+        dig = digest(raw)
+        self._write(off, raw, dig, ahead)
+        self._mine[n % RING] = None
         # publish last, with one aligned 8-byte store: a peer that sees seq n also
-        # sees the body and length written above (x86 keeps stores in order)
+        # sees the body, length and digest written above (x86 keeps stores in order)
         SYNC_HOOK[0] and SYNC_HOOK[0]("publish", self.rank, n)
-        _SEQ.pack_into(buf, off, n)
+        self.words[off >> 3] = n
         self.last_published = n
+        return dig
 
     def _agree(self, sig: Signature, raw: bytes) -> int:
         self.ahead.settle()  # every earlier call is checked before this one waits
@@ -234,7 +305,7 @@ class ControlBlock:
             self._wait_all(n, sig)
             SYNC_HOOK[0] and SYNC_HOOK[0]("join", self.rank, n)
         except BaseException:
-            _SEQ.pack_into(self.buf, self._slot(self.rank, n), max(n - RING, 0))  # withdraw
+            self.words[self._slot(self.rank, n) >> 3] = max(n - RING, 0)  # withdraw
             raise
         self.seq = n
         self.set_checked(n)
@@ -369,7 +440,8 @@ class ControlBlock:
     def reset(self) -> None:
         """Forget the sequence (all ranks call this together, e.g. after a recovery)."""
         for s in range(RING):
-            _HDR.pack_into(self.buf, self._slot(self.rank, s), 0, 0)
+            _HDR.pack_into(self.buf, self._slot(self.rank, s), 0, 0, 0)
+        self._mine = [None] * RING
         self.set_checked(0)
         self.ahead.reset()
         self.seq = 0
