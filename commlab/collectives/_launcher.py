@@ -37,6 +37,7 @@ _NONE_NAMES = {"launch_metadata", "launch_enter_hook", "launch_exit_hook", "glob
                "profile_scratch"}
 _NOTED: set[str] = set()
 TIERS: dict[str, int] = {"c": 0, "run": 0, "none": 0}  # plans bound per tier (tests, bench)
+ALLOW = ["c", "run"]  # the tiers ``bind`` may use (the GPU check compares them)
 
 
 def raw_stream(device_index: int) -> int:
@@ -95,8 +96,9 @@ def _c_template(runner, star: str) -> list | None:
     if (getattr(runner, "global_scratch_size", 0) or getattr(runner, "profile_scratch_size", 0)
             or getattr(runner, "gsan_enabled", False)):
         return None  # the launcher allocates or rewrites arguments per launch
-    if type(getattr(runner, "launch", None)).__name__ != "builtin_function_or_method":
-        return None  # wrapped (tensor descriptors) or absent
+    launch = getattr(runner, "launch", None)
+    if launch is None or inspect.isfunction(launch) or inspect.ismethod(launch):
+        return None  # absent, or wrapped in Python (tensor descriptors)
     try:
         tree = ast.parse(textwrap.dedent(inspect.getsource(type(runner).__call__)))
     except (OSError, TypeError, SyntaxError):
@@ -174,10 +176,14 @@ def bind(compiled, grid: tuple) -> tuple[str, Callable | None]:
     extra = (meta, None, None, None)[named - 5:]  # what *args receives before the kernel's
     star = list(inspect.signature(type(runner).__call__).parameters)[-1]
     template = _c_template(runner, star)
-    if template is not None and (extra == () or template[[t[0] for t in template].index(
-            "args")][1]):
+    if "c" in ALLOW and template is not None and (extra == () or template[[
+            t[0] for t in template].index("args")][1]):
         TIERS["c"] += 1
         return "c", _c_fire(runner, template, (gx, gy, gz), function, meta, extra)
+
+    if "run" not in ALLOW:
+        TIERS["none"] += 1
+        return "none", None
 
     def fire_run(stream, *args):
         runner(gx, gy, gz, stream, function, meta, None, None, None, *args)

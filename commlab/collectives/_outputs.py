@@ -24,7 +24,9 @@ import torch
 
 REUSE = [hasattr(torch.Tensor, "_use_count") and hasattr(torch._C, "_storage_Use_Count")]
 SLOTS = 4  # outputs kept per plan: a caller holding up to 3 results still reuses the 4th
-_use_storage = getattr(torch._C, "_storage_Use_Count", None)
+# C++ reference counts (without them, REUSE is off): a storage's, a tensor's
+_use_storage: Callable[[int], int] = getattr(torch._C, "_storage_Use_Count", None) or int
+_use_tensor: Callable[[torch.Tensor], int] = getattr(torch.Tensor, "_use_count", None) or id
 _refs = sys.getrefcount
 
 
@@ -37,19 +39,32 @@ def _free_refs() -> int:
     return 0
 
 
+def _free_storage_refs() -> int:
+    """The same for an output's storage object while the list holds it and its tensor
+    (the tensor's storage keeps one more reference to that Python object)."""
+    tensors = [torch.empty(1)]
+    storages = [tensors[0].untyped_storage()]
+    for i in range(1):
+        return _refs(storages[i])
+    return 0
+
+
 FREE = _free_refs()
+FREE_STORAGE = _free_storage_refs()
 
 
 class Outputs:
     """The outputs of one plan: ``take(x, stream)`` returns one free to overwrite."""
 
-    __slots__ = ("make", "tensors", "slots")
+    __slots__ = ("make", "tensors", "storages", "slots")
 
     def __init__(self, make: Callable[[torch.Tensor], torch.Tensor]):
         self.make = make
         self.tensors: list[torch.Tensor] = []  # only these lists refer to them
-        # per output: (storage cdata, address, stream, the storage, held: its use count 2)
-        self.slots: list[tuple] = []
+        # each output's storage, held here: its use count is 2 while only we hold it (its
+        # Python object is the one ``untyped_storage()`` returns to anyone: count that too)
+        self.storages: list = []
+        self.slots: list[tuple] = []  # per output: (storage cdata, address, stream)
 
     def take(self, x: torch.Tensor, stream: int, capturing: bool = False) -> torch.Tensor:
         """An output for ``x``: one of ours that nobody else holds, else a new one (kept
@@ -58,19 +73,21 @@ class Outputs:
             return self.make(x)
         tensors = self.tensors
         for i in range(len(tensors)):
-            if _refs(tensors[i]) == FREE:
-                cdata, ptr, s, _ = self.slots[i]
+            if _refs(tensors[i]) == FREE and _refs(self.storages[i]) == FREE_STORAGE:
+                cdata, ptr, s = self.slots[i]
                 t = tensors[i]
-                if (s == stream and _use_storage(cdata) == 2 and t._use_count() == 1
+                if (s == stream and _use_storage(cdata) == 2 and _use_tensor(t) == 1
                         and t.data_ptr() == ptr and not t.requires_grad):
                     return t
         out = self.make(x)
         if len(tensors) < SLOTS:
             storage = out.untyped_storage()
             tensors.append(out)
-            self.slots.append((storage._cdata, out.data_ptr(), stream, storage))
+            self.storages.append(storage)
+            self.slots.append((storage._cdata, out.data_ptr(), stream))
         return out
 
     def clear(self) -> None:
         self.tensors.clear()
+        self.storages.clear()
         self.slots.clear()
