@@ -9,6 +9,12 @@ and a collective called on only some ranks ends in a ``CollectiveTimeoutError`` 
 says who is missing and where they are, instead of a silent hang. A member that died
 (``runtime.membership``) ends every wait with ``RankLostError`` at once.
 
+A slot's header is (seq, length, a 64-bit digest of the signature). A call checked
+after it ran ahead (``_ahead``) compares the peers' digests with its own (two different
+signatures pass with probability 2^-64); the full comparison, with its message, runs on
+any difference. A launch plan publishes a fixed ``Record`` (``repeat``): when its slot
+already holds that record, only the seq word is written.
+
 A signature longer than its slot keeps its first bytes (short fields first, so the op,
 dtype and parameters survive a long shape) and ends with a digest of the whole encoding:
 two calls that differ anywhere, even past the slot's end, never publish the same bytes.
