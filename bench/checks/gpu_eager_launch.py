@@ -172,13 +172,24 @@ def check_streams_graphs_hooks(comm) -> None:
     except ImportError:
         report("launch hook falls back to kernel[grid]", True, "skipped: no triton.knobs")
     else:
-        seen = []
-        knobs.runtime.launch_enter_hook = lambda meta: seen.append(1)
+        seen: list = []
+        before = knobs.runtime.launch_enter_hook
+
+        def hook(meta):
+            seen.append(1)
+
+        if hasattr(before, "add"):  # a HookChain (newer Triton)
+            before.add(hook)
+        else:
+            knobs.runtime.launch_enter_hook = hook
         try:
             out = commlab.all_reduce(x)
             torch.cuda.synchronize()
         finally:
-            knobs.runtime.launch_enter_hook = None
+            if hasattr(before, "remove"):
+                before.remove(hook)
+            else:
+                knobs.runtime.launch_enter_hook = before
         report("launch hook falls back to kernel[grid]", bool(seen) and not same(out, ref),
                f"hook saw {len(seen)} launch(es)")
 

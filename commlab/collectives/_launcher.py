@@ -45,14 +45,20 @@ def raw_stream(device_index: int) -> int:
     return torch._C._cuda_getCurrentRawStream(device_index)
 
 
+try:
+    from triton import knobs as _knobs
+except ImportError:  # triton before knobs (3.3): its hooks live on CompiledKernel
+    _knobs = None
+
+
 def hooked() -> bool:
     """Whether Triton has a launch hook installed (profiling): launch through kernel[grid]."""
-    try:
-        from triton import knobs
-    except ImportError:  # triton before knobs (3.3): its hooks live on CompiledKernel
-        from triton.compiler import CompiledKernel
-        return getattr(CompiledKernel, "launch_enter_hook", None) is not None
-    return knobs.runtime.launch_enter_hook is not None
+    if _knobs is not None:
+        hook = _knobs.runtime.launch_enter_hook  # None, a function, or (3.9) a HookChain
+        return hook is not None and bool(getattr(hook, "calls", True))
+    from triton.compiler import CompiledKernel
+
+    return getattr(CompiledKernel, "launch_enter_hook", None) is not None
 
 
 def _note(what: str) -> None:

@@ -157,6 +157,7 @@ class ControlBlock:
         self.last_published = 0  # the newest call this rank published
         self.words = memoryview(buf).cast("q")  # the block as int64 words (seq, checked)
         self._mine: list = [None] * RING  # the Record each of our slots holds, if any
+        self._checked_word = self._state(rank) >> 3
         ACTIVE[0] = self
         self.members: Membership | None = None  # the world's members: every wait checks them
 
@@ -241,7 +242,7 @@ class ControlBlock:
         it already) and return; else the waiting agreement."""
         if not self._lock.acquire(blocking=False):
             return self.agree(rec.sig, rec.raw, ahead=True)  # raises the thread refusal
-        ahead, words = self.ahead, self.words
+        ahead = self.ahead
         try:
             n = self.seq + 1
             pending = ahead.pending
@@ -249,22 +250,28 @@ class ControlBlock:
                     and len(pending) < RING and rec.raw in ahead.drains and self.ring_free(n))
             if skip:
                 self.entered += 1
+                words, stride = self.words, RING * (SLOT >> 3)
                 while pending:  # Ahead.poll inlined: check what every peer has published
-                    m = pending[0][0]
+                    m, dig = pending[0][0], pending[0][4]
                     slot = (m % RING) * (SLOT >> 3)
-                    stride = RING * (SLOT >> 3)
-                    if any(words[r * stride + slot] < m for r in self.peers):
+                    ready = True
+                    for r in self.peers:
+                        if words[r * stride + slot] < m:
+                            ready = False
+                            break
+                    if not ready:
                         break
-                    if any(words[r * stride + slot + 2] != pending[0][4] for r in self.peers):
-                        ahead.poll()  # raises the mismatch, as every rank does
+                    for r in self.peers:
+                        if words[r * stride + slot + 2] != dig:
+                            ahead.poll()  # raises the mismatch, as every rank does
                     pending.popleft()
-                    words[self._state(self.rank) >> 3] = m  # checked
+                    words[self._checked_word] = m
                 k = n % RING
                 off = (self.rank * RING + k) * SLOT
                 if self._mine[k] is not rec:
                     self._write(off, rec.raw, rec.digest, True)
                     self._mine[k] = rec
-                words[off >> 3] = n  # publish: one aligned 8-byte store, after the body
+                self.words[off >> 3] = n  # publish: one aligned 8-byte store, after the body
                 self.last_published = self.seq = n
                 pending.append((n, rec.sig, rec.raw, CALLER[0], rec.digest))
         except BaseException:
