@@ -10,8 +10,8 @@ from commlab import _interpreter
 if _interpreter.decide():  # before any kernel is defined: CPU backend = Triton's interpreter
     _interpreter.install()  # its speed-ups, for every kernel (commlab's and the user's)
 
+from commlab import elastic, trace, tuning  # noqa: E402,F401 (tuning: auto's measured tables)
 from commlab import torch_backend as _torch_backend  # noqa: E402
-from commlab import trace, tuning  # noqa: E402,F401 (tuning: auto's measured tables)
 from commlab.collectives import _hier as _hier  # noqa: E402 (registers the paths across hosts)
 from commlab.collectives import (  # noqa: E402
     all_gather,
@@ -36,6 +36,7 @@ from commlab.runtime import (  # noqa: E402
     Communicator,
     finalize,
     get_communicator,
+    grow,
     init,
     shrink,
     symmetric_empty,
@@ -51,8 +52,8 @@ __all__ = [
     "CollectiveTimeoutError", "CommlabError", "CommlabUsageError", "Communicator",
     "DataRaceError", "WaitTimeoutError", "racecheck",
     "HeapFullError", "RankLostError", "RankMismatchError", "all_gather", "all_reduce", "all_to_all",
-    "barrier", "broadcast", "finalize", "get_communicator", "init", "reduce_scatter",
-    "shrink", "symmetric_empty", "symmetric_zeros", "synchronize", "trace",
+    "barrier", "broadcast", "elastic", "finalize", "get_communicator", "grow", "init",
+    "reduce_scatter", "shrink", "symmetric_empty", "symmetric_zeros", "synchronize", "trace",
 ]
 
 

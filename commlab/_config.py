@@ -85,6 +85,14 @@ VARS: dict[str, Var] = {v.name: v for v in (
     Var("COMMLAB_FAST_LAUNCH", "1", _flag,
         "`0` turns the cached launch plans off (every call goes through `kernel[grid]`)",
         "commlab.collectives"),
+    Var("COMMLAB_RECORDS", "1", _flag,
+        "`0`: collective kernels write no call records (entry, arrival, end per rank; "
+        "read at `import commlab`); online selection and the straggler view need them",
+        "commlab.language"),
+    Var("COMMLAB_ADAPT", "1", _flag,
+        "`0`: `algorithm=\"auto\"` follows the tuning table (or the defaults) alone, "
+        "deterministically (default: it also measures every call and adapts online)",
+        "commlab.collectives"),
     Var("COMMLAB_ROUNDS", None, int,
         "forces the pipeline depth of the collectives (tests use it to exercise the "
         "pipeline on small CPU messages)", "commlab.collectives"),
@@ -99,6 +107,10 @@ VARS: dict[str, Var] = {v.name: v for v in (
         "commlab._interpreter"),
     Var("COMMLAB_INTERPRETER_FASTCALL", "1", _flag,
         "`0` turns off commlab's faster kernel launch under Triton's interpreter",
+        "commlab._interpreter"),
+    Var("COMMLAB_CPU_TWINS", "1", _flag,
+        "`0` runs commlab's collectives in Triton's interpreter even with no checker on "
+        "(by default a host twin of the kernel runs them unless racecheck watches)",
         "commlab._interpreter"),
     Var("COMMLAB_WORLD_KEY", None, str,
         "secret the ranks MAC the bootstrap store's values with (the same on every rank; "

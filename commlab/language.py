@@ -22,10 +22,12 @@ compile-time constant, so the compiled GPU code never contains that branch.
 
 from __future__ import annotations
 
+import time
+
 import triton
 import triton.language as tl
 
-from commlab import _interpreter
+from commlab import _config, _interpreter
 from commlab._interpreter.bounds import host_check_symm as _host_check_symm
 from commlab._interpreter.host import host_wait as _host_wait
 from commlab._interpreter.host import host_wait_begin as _host_wait_begin
@@ -37,6 +39,22 @@ INTERPRET = tl.constexpr(_interpreter.interpreting())
 MAX_WORLD = tl.constexpr(_heap.MAX_WORLD)  # signal-pad row width, from the heap layout
 CTX_BASES = tl.constexpr(4)  # ctx[4 + r] = base of rank r's heap
 WAIT_SLOTS = tl.constexpr(_wait_records.SLOTS)  # programs with a wait record (GPU)
+RECORDS = tl.constexpr(_config.get("COMMLAB_RECORDS"))  # call records on (read at import)
+_REC_OFFSET = tl.constexpr(_heap.RECORD_OFFSET)  # bytes from the flag area to the records
+_REC_RING = tl.constexpr(_heap.RECORD_RING)
+_REC_STAMPS = tl.constexpr(_heap.RECORD_STAMPS)
+
+
+if INTERPRET:
+
+    def _host_ns():  # the interpreter's clock: the machine's, the same in every process
+        return time.monotonic_ns()
+
+else:
+
+    @triton.jit
+    def _host_ns():  # compiled: never reached; jit so the dependency scan resolves it
+        return 0
 
 
 # --- who am I ---------------------------------------------------------------------
@@ -161,11 +179,84 @@ def barrier(ctx):
     tl.debug_barrier()
 
 
+# --- clocks and call records ---------------------------------------------------------
+# Each rank's flag area ends with its call records (commlab.runtime.records): int64
+# [count, ...7 spare] then a ring of [call, entry, arrived, end] and user stamps. Program
+# 0 of a recording kernel writes them; kernels of one rank run in order, so no atomics.
+
+
+@triton.jit
+def clock():
+    """Nanoseconds now: ``%globaltimer`` on NVIDIA GPUs (one clock per node), the host's
+    monotonic clock under the interpreter (one clock per machine)."""
+    if INTERPRET:
+        now = _host_ns()
+    else:
+        now = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [],
+                                        dtype=tl.int64, is_pure=False, pack=1)
+    return now
+
+
+@triton.jit
+def _records(ctx):
+    base = tl.load(ctx + 3).to(tl.pointer_type(tl.int8)) + _REC_OFFSET
+    return base.to(tl.pointer_type(tl.int64), bitcast=True)
+
+
+@triton.jit
+def timestamp(ctx, slot):
+    """Store ``clock()`` in user stamp ``slot`` (0..63) of this rank's records; the host
+    reads them with ``commlab.runtime.records.stamps(comm)``. Any program may call it."""
+    off = tl.cast(slot, tl.int64) % _REC_STAMPS
+    tl.store(_records(ctx) + 8 + 4 * _REC_RING + off, clock())
+
+
+@triton.jit
+def record_begin(ctx):
+    """Open this rank's next call record (program 0; call once per launch, at entry):
+    the entry time now, arrival and end to come."""
+    if RECORDS:
+        if _pid_flat() == 0:
+            rec = _records(ctx)
+            k = tl.load(rec) + 1
+            slot = rec + 8 + 4 * ((k - 1) % _REC_RING)
+            tl.store(slot + 2, tl.cast(0, tl.int64))
+            tl.store(slot + 3, tl.cast(0, tl.int64))
+            tl.store(slot + 1, clock())
+            tl.store(slot, k)
+            tl.store(rec, k)
+
+
+@triton.jit
+def record_arrived(ctx):
+    """Stamp, once per record, the moment every peer's arrival was seen (program 0's
+    first completed wait for all peers)."""
+    if RECORDS:
+        if _pid_flat() == 0:
+            rec = _records(ctx)
+            k = tl.load(rec)
+            slot = rec + 8 + 4 * ((k - 1) % _REC_RING)
+            if tl.load(slot + 2) == 0:
+                tl.store(slot + 2, clock())
+
+
+@triton.jit
+def record_end(ctx):
+    """Close this rank's current call record (program 0, last thing it does)."""
+    if RECORDS:
+        if _pid_flat() == 0:
+            tl.debug_barrier()
+            rec = _records(ctx)
+            k = tl.load(rec)
+            tl.store(rec + 8 + 4 * ((k - 1) % _REC_RING) + 3, clock())
+
+
 @triton.jit
 def flags(ctx):
     """int32 pointer to this communicator's flag area (collectives keep counters there)."""
     return tl.load(ctx + 3).to(tl.pointer_type(tl.int32))
 
 
-__all__ = ["rank", "num_ranks", "symm_at", "notify", "wait", "barrier", "flags", "INTERPRET"]
+__all__ = ["rank", "num_ranks", "symm_at", "notify", "wait", "barrier", "flags", "INTERPRET",
+           "clock", "timestamp", "record_begin", "record_arrived", "record_end"]
 

@@ -117,13 +117,17 @@ def _parent_store(port: int, world_size: int):
 
 def run_world(fn, world_size: int, args: tuple = (), kwargs: dict | None = None, *,
               backend: str = "cpu", timeout: float = 180.0, env: dict | None = None,
-              init: bool = True, store: str = "rank0", allow_killed: bool = False) -> list:
+              init: bool = True, store: str = "rank0", allow_killed: bool = False,
+              newcomers: list | None = None) -> list:
     """Run ``fn(comm, *args, **kwargs)`` on ``world_size`` fresh ranks; return the results
     in rank order. ``fn`` must be importable (a module-level function). ``init=False``
     skips ``commlab.init`` (``comm`` is None): ``fn`` starts torch.distributed itself, as
     a script under torchrun does. ``store``: ``"rank0"`` (rank 0 serves it, as without
     torchrun) or ``"parent"`` (this process serves it; it outlives every rank).
-    ``allow_killed``: a rank that dies of SIGKILL gives ``None``, not a failure."""
+    ``allow_killed``: a rank that dies of SIGKILL gives ``None``, not a failure.
+    ``newcomers``: ``(fn, kwargs)`` per extra process, started with the ranks, that runs
+    ``fn(None, **kwargs)`` without ``init`` (it calls ``commlab.init(join=True)``); their
+    results follow the ranks'."""
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
@@ -134,19 +138,22 @@ def run_world(fn, world_size: int, args: tuple = (), kwargs: dict | None = None,
     elif store != "rank0":
         raise ValueError(f"run_world: store must be 'rank0' or 'parent', got {store!r}")
     stacks = tempfile.TemporaryDirectory(prefix="commlab-run-world-")
-    stack_files = [os.path.join(stacks.name, f"rank{r}.txt") for r in range(world_size)]
+    specs = [(fn, args, kwargs or {}, init)] * world_size + [
+        (f, (), kw, False) for f, kw in newcomers or []]
+    total = len(specs)
+    stack_files = [os.path.join(stacks.name, f"rank{r}.txt") for r in range(total)]
     procs = [
         ctx.Process(target=_rank_main, daemon=True,
-                    args=(r, world_size, port, backend, fn, args, kwargs or {}, results,
-                          env or {}, init, stack_files[r]))
-        for r in range(world_size)
+                    args=(r, world_size, port, backend, f, a, kw, results, env or {},
+                          i, stack_files[r]))
+        for r, (f, a, kw, i) in enumerate(specs)
     ]
     for p in procs:
         p.start()
     got: dict[int, tuple[bool, object]] = {}
     deadline = time.monotonic() + timeout
     try:
-        while len(got) < world_size:
+        while len(got) < total:
             left = deadline - time.monotonic()
             if left <= 0:
                 break
@@ -169,7 +176,7 @@ def run_world(fn, world_size: int, args: tuple = (), kwargs: dict | None = None,
                 deadline = min(deadline, time.monotonic() + 10)
     finally:
         for p in procs:
-            p.join(timeout=5 if len(got) == world_size else 0.1)
+            p.join(timeout=5 if len(got) == total else 0.1)
         stuck = {r: _stack_of(p, stack_files[r]) for r, p in enumerate(procs)
                  if p.is_alive() and r not in got}
         for p in procs:
@@ -181,16 +188,16 @@ def run_world(fn, world_size: int, args: tuple = (), kwargs: dict | None = None,
             served[1].close()
             del served
     failures = {r: str(v) for r, (ok, v) in got.items() if not ok}
-    missing = [r for r in range(world_size) if r not in got]
+    missing = [r for r in range(total) if r not in got]
     for r in missing:
         failures[r] = f"rank {r} did not finish within {timeout:g} s (killed)"
         if stuck.get(r):
             failures[r] += f"; its threads when it was stopped:\n{stuck[r]}"
     if failures:
         text = "\n".join(f"--- rank {r} ---\n{failures[r]}" for r in sorted(failures))
-        raise WorldError(f"{len(failures)} of {world_size} ranks failed:\n{text}", failures)
+        raise WorldError(f"{len(failures)} of {total} ranks failed:\n{text}", failures)
     out = []
-    for r in range(world_size):
+    for r in range(total):
         payload = got[r][1]
         assert isinstance(payload, bytes)  # every rank succeeded: each sent its pickled result
         out.append(pickle.loads(payload))

@@ -7,7 +7,10 @@ import secrets
 
 import pytest
 
-import commlab  # noqa: F401  (before any kernel is defined: picks Triton's interpreter)
+# online selection off unless a test turns it on: tests that ask "auto" expect the table
+os.environ.setdefault("COMMLAB_ADAPT", "0")
+
+import commlab  # noqa: E402, F401  (before any kernel is defined: picks Triton's interpreter)
 from commlab.testing import WorldError, run_world
 
 

@@ -22,7 +22,7 @@ LAYERS: list[tuple[str, ...]] = [
     # observe, measure, torch integration, checking, and the facade beside them
     ("commlab.topology", "commlab.tuning", "commlab.costmodel", "commlab.widgets",
      "commlab.bench", "commlab.testing", "commlab.demo", "commlab.torch_backend",
-     "commlab.racecheck", "commlab"),
+     "commlab.racecheck", "commlab.elastic", "commlab"),
     ("commlab.engine",),  # notebook engine
     ("commlab.magics",),  # magics (the top-level magics/ folder)
 ]

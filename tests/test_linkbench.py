@@ -90,7 +90,7 @@ def test_traced_collectives_and_compute_feed_the_timeline(observed):
 def test_profiler_trace_shows_commlab_collectives_as_communication(observed):
     spans = load_torch_trace(observed[1]["profile"], rank=1)
     comm = [s for s in spans if s.kind == "comm"]
-    assert any(s.name == "commlab::all_reduce" for s in comm), sorted({s.name for s in spans})
+    assert any(s.name == "commlab:all_reduce" for s in comm), sorted({s.name for s in spans})
     assert any(s.kind == "compute" for s in spans)
 
 

@@ -18,6 +18,11 @@ def set_heap_size(nbytes: int) -> None:
     _heap_size[0] = int(nbytes)
 
 
+def heap_size() -> int:
+    """This rank's heap size in bytes (0: no communicator registered it)."""
+    return _heap_size[0]
+
+
 if interpreting():
 
     def host_check_symm(ptr, peer, ctx):

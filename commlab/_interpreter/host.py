@@ -29,6 +29,11 @@ def set_wait_observer(fn) -> None:
     _WAITS[0] = fn
 
 
+def wait_observer():
+    """The registered wait observer, or None."""
+    return _WAITS[0]
+
+
 def _scalar(h):
     a = np.asarray(getattr(h, "data", h))
     return int(a.flat[0]) if a.size == 1 else None

@@ -48,6 +48,11 @@ def configure(seed: int | None = None, blocked_s: float = BLOCKED_S) -> None:
     _CFG.update(seed=seed, blocked_s=blocked_s, launch_no=0)
 
 
+def configured() -> bool:
+    """Whether a schedule is configured (launches are shuffled from a seed)."""
+    return _CFG["seed"] is not None
+
+
 def blocked(key=None) -> bool:
     """A wait's poll failed (``key``: what it waits for, e.g. (address, value), or None).
     May run other programs meanwhile; True if the caller should re-poll at once (others

@@ -13,11 +13,10 @@ import triton.language as tl
 
 import commlab.language as cl
 from commlab import _config
+from commlab.collectives._measure import measured as _measured
 from commlab.runtime._control import Signature
 from commlab.runtime.communicator import Communicator, get_communicator
 from commlab.runtime.heap import MAX_BARRIER_BLOCKS
-from commlab.trace import collective as _span
-from commlab.trace import needed as _tracing
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.int32)
 OPS = {"sum": 0, "max": 1, "min": 2}
@@ -105,12 +104,12 @@ def comm_or_raise() -> Communicator:
 _NO_TRACE = contextlib.nullcontext()
 
 
-def traced(op: str, nbytes: int, algorithm: str, device):
-    """A "comm" span while a trace is recording (or torch.profiler runs); a shared no-op
-    otherwise (no cost)."""
-    if not _tracing():
-        return _NO_TRACE
-    return _span(op, nbytes, algorithm, device)
+def traced(op: str, nbytes: int, algorithm: str, device, x=None, comm=None):
+    """Around a call's launches: its call records noted (``_measure``), a "comm" span
+    while a trace is recording, the ``commlab:<op>`` event under torch.profiler; a shared
+    no-op when none of them is on."""
+    m = _measured(comm, op, nbytes, algorithm, device, x)
+    return _NO_TRACE if m is None else m
 
 
 # --- launch shapes ----------------------------------------------------------------

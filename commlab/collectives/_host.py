@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 import commlab.collectives._across as _across
+import commlab.collectives._adapt as _adapt
 from commlab.collectives._common import OPS, agree, check_local, traced
 from commlab.collectives._plan import fast_call, remember
 from commlab.collectives._select import capturing_auto, choose
@@ -59,6 +60,9 @@ def run(coll: Collective, x, algorithm: str = "auto", *params) -> torch.Tensor:
     if _across.spans_hosts(comm):  # commlab inside each host, torch.distributed between
         return _across.run(coll.name, x, algorithm, *params)
     key: tuple | None = None
+    asked = algorithm
+    if algorithm == "auto":  # online selection: the algorithm every rank runs this call
+        algorithm = _adapt.pick(comm, coll.name, x, tuple(coll.bodies)) or "auto"
     if isinstance(x, torch.Tensor):
         key = (coll.name, x.shape, x.dtype, x.device, *params, algorithm)
         if not (coll.capture_choice and capturing_auto(comm, algorithm)):
@@ -67,7 +71,7 @@ def run(coll: Collective, x, algorithm: str = "auto", *params) -> torch.Tensor:
                 return out
     fields = dict(zip(coll.params, params, strict=True))
     err = check_local(comm, x, algorithm, coll.algorithms, fields, coll.shape_rule)
-    call = agree(coll.name, x, err, **fields, algorithm=algorithm)
+    call = agree(coll.name, x, err, **fields, algorithm=asked)
     x = call.x.contiguous()
     make_out = coll.output(comm.world_size)
     out = make_out(x)
@@ -80,7 +84,7 @@ def run(coll: Collective, x, algorithm: str = "auto", *params) -> torch.Tensor:
     body = coll.bodies[algorithm]
     args = tuple(OPS[v] if k == "op" else v for k, v in fields.items())
     launched: list = []
-    with traced(coll.name, nbytes, algorithm, comm.device):
+    with traced(coll.name, nbytes, algorithm, comm.device, x, comm):
         body(comm, x.view(-1), out.view(-1), *args, launched)
     remember(comm, key, call, algorithm=algorithm, nbytes=nbytes, launched=launched,
              make_out=make_out, slow=lambda a, b: body(comm, a.view(-1), b.view(-1), *args),

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from commlab import _config
+from commlab.runtime.records import launched, records_kernel
 
 _FAST = _config.get("COMMLAB_FAST_LAUNCH")
 _CACHE: dict = {}
@@ -43,6 +44,8 @@ def launch(kernel, grid: tuple, args: tuple, consts: dict, *, num_warps: int = 4
             compiled = _CACHE[key] = kernel[grid](*args, **consts, num_warps=num_warps)
         else:
             compiled[(grid + (1, 1))[:3]](*args, *consts.values())
+    if records_kernel(kernel):
+        launched()
     if record is not None:
         record.append((compiled, grid, args, consts))
     return compiled

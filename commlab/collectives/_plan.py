@@ -29,6 +29,7 @@ from commlab import _config
 from commlab.collectives import _launcher
 from commlab.collectives._common import traced
 from commlab.collectives._outputs import Outputs
+from commlab.runtime import records as _records
 from commlab.runtime._control import Record, Signature
 
 
@@ -62,18 +63,19 @@ def fast_call(comm, key: tuple, x) -> torch.Tensor | None:
     comm.control.repeat(plan.record)
     if plan.device < 0:
         out = plan.outputs.take(x, 0)
-        with traced(plan.sig.op, plan.nbytes, plan.algorithm, comm.device):
-            plan.slow(x, out)
+        with traced(plan.sig.op, plan.nbytes, plan.algorithm, comm.device, x, comm):
+            _launch(plan, x, out)
         return out
     stream = _launcher.raw_stream(plan.device)
     capturing = _capturing()
     out = plan.outputs.take(x, stream, capturing)
-    with traced(plan.sig.op, plan.nbytes, plan.algorithm, comm.device):
+    with traced(plan.sig.op, plan.nbytes, plan.algorithm, comm.device, x, comm):
         xp = x.data_ptr()
         if plan.fire is None or (plan.x_aligned and xp % 16) or _launcher.hooked():
             _launch(plan, x, out)
         else:
             plan.fire(stream, xp, out.data_ptr(), *plan.ints)
+            _records.LAUNCHES[0] += 1  # _records.launched(): the plan's kernel writes a record
     return out
 
 
@@ -86,6 +88,7 @@ def _launch(plan: Plan, x: torch.Tensor, out: torch.Tensor) -> None:
         plan.slow(x, out)  # no single kernel, or not the alignment it was built for
     else:
         plan.compiled[plan.grid](x, out, *plan.tail)  # type: ignore[index]
+        _records.launched()  # a plan's one launch is an SM kernel: it writes a record
 
 
 def _drain(comm, plan: Plan, shape, dtype) -> None:

@@ -32,13 +32,16 @@ PHASES = tl.constexpr(64)
 
 @triton.jit
 def begin_call(ctx):
-    """This program's call number n (>= 1) for the call that is starting."""
+    """This program's call number n (>= 1) for the call that is starting (program 0 also
+    opens the rank's call record: ``cl.record_begin``)."""
+    cl.record_begin(ctx)
     return tl.load(cl.flags(ctx) + tl.program_id(0)) + 1
 
 
 @triton.jit
 def end_call(ctx, n):
     tl.store(cl.flags(ctx) + tl.program_id(0), n)
+    cl.record_end(ctx)
 
 
 @triton.jit
@@ -73,6 +76,7 @@ def wait_all(ctx, value, bank=0):
     world = tl.load(ctx + 1).to(tl.int32)
     for i in range(1, world):
         wait_from(ctx, (me + i) % world, value, bank)
+    cl.record_arrived(ctx)  # the first completed wait for every peer: they all arrived
 
 
 @triton.jit

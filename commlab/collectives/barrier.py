@@ -27,5 +27,5 @@ def barrier() -> None:
     if _across.spans_hosts(comm):
         return _across.run("barrier")
     agree("barrier", None, "")
-    with traced("barrier", 0, "signal", comm.device):
+    with traced("barrier", 0, "signal", comm.device, None, comm):
         barrier_kernel[(1,)](comm.context)

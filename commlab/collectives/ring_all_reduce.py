@@ -23,6 +23,7 @@ import triton.language as tl
 
 import commlab.language as cl
 from commlab.collectives._common import combine, launch_for, load_acc, peer_ptr, slot_elems
+from commlab.runtime import records
 
 
 @triton.jit
@@ -44,7 +45,9 @@ def ring_all_reduce_kernel(
     me = cl.rank(ctx)
     world = cl.num_ranks(ctx)
     left = peer_ptr(scratch_ptr, (me + world - 1) % world, ctx)
+    cl.record_begin(ctx)
     cl.barrier(ctx)  # inputs staged
+    cl.record_arrived(ctx)
     # --- reduce-scatter around the ring
     for s in range(0, world - 1):
         c = (me + 2 * world - s - 1) % world
@@ -71,6 +74,7 @@ def ring_all_reduce_kernel(
             tl.store(scratch_ptr + offs, v, mask=mask)
             tl.store(out_ptr + offs, v, mask=mask)
         cl.barrier(ctx)  # step s written: the right neighbour may read it; also frees scratch
+    cl.record_end(ctx)
 
 
 def ring_all_reduce(comm, flat: torch.Tensor, out: torch.Tensor, op: int,
@@ -90,3 +94,4 @@ def ring_all_reduce(comm, flat: torch.Tensor, out: torch.Tensor, op: int,
             scratch, out[lo:hi], comm.context, hi - lo, chunk,
             OP=op, BLOCK=cfg.block, num_warps=cfg.num_warps,
         )
+        records.launched()

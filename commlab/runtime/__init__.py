@@ -3,7 +3,9 @@
 from commlab._interpreter import triton_lib as _triton_lib
 from commlab.runtime._bootstrap import set_group_source
 from commlab.runtime._control import SYNC_HOOK, Signature
+from commlab.runtime._grow import grow
 from commlab.runtime._hosts import HostGroups
+from commlab.runtime._join import join as _join  # noqa: F401 (init(join=True))
 from commlab.runtime._shrink import shrink
 from commlab.runtime.communicator import (
     Communicator,
@@ -17,7 +19,7 @@ from commlab.runtime.communicator import (
 )
 
 __all__ = ["SYNC_HOOK", "Communicator", "HostGroups", "Signature", "current_communicator",
-           "finalize", "get_communicator", "init", "parse_size", "set_group_source",
+           "finalize", "get_communicator", "grow", "init", "parse_size", "set_group_source",
            "shrink", "symmetric_empty", "symmetric_zeros", "synchronize"]
 
 

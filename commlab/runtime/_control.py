@@ -178,6 +178,15 @@ class ControlBlock:
     def set_checked(self, n: int) -> None:
         self.words[self._state(self.rank) >> 3] = n
 
+    def set_note(self, value: int) -> None:
+        """A word peers read after this rank's next published call (online selection:
+        rank 0's decision). Written before the publish, so a peer that saw the call sees
+        it; the next note comes dozens of calls later, after every peer read this one."""
+        self.words[(self._state(self.rank) >> 3) + 1] = value
+
+    def note(self, rank: int) -> int:
+        return self.words[(self._state(rank) >> 3) + 1]
+
     def _published(self, rank: int) -> int:
         return max(_HDR.unpack_from(self.buf, self._slot(rank, s))[0] for s in range(RING))
 

@@ -70,6 +70,8 @@ def cpu_heap(world: World, layout: HeapLayout, timeout: float, keep: list):
         )
     name = _shm.segment_name(world.token, "heap", world.rank)
     mine = _shm.create(name, layout.size)
+    fd = _shm.OpenFd(name)  # kept: a grow maps this heap into newcomers (runtime/_grow)
+    keep.append(fd)
     names = exchange(world, name)
     maps = [mine if r == world.rank else _shm.open_existing(n, layout.size)
             for r, n in enumerate(names)]
@@ -84,6 +86,7 @@ def cpu_heap(world: World, layout: HeapLayout, timeout: float, keep: list):
         return owner, torch.frombuffer(owner, dtype=torch.uint8)
 
     heap = SymmetricHeap(layout, world.rank, bases, world.device, local, make_block)
+    heap.fd = fd.fd
     return heap, control
 
 

@@ -39,6 +39,29 @@ def open_existing(name: str, size: int) -> mmap.mmap:
         os.close(fd)
 
 
+class OpenFd:
+    """An fd of a segment kept open for the process's life (closed when collected): a
+    newcomer maps the segment after its name is gone, through ``/proc/<pid>/fd/<fd>``."""
+
+    def __init__(self, name: str):
+        self.fd = _posixshmem.shm_open("/" + name, os.O_RDWR, 0o600)
+
+    def __del__(self) -> None:
+        try:
+            os.close(self.fd)
+        except OSError:
+            pass
+
+
+def open_peer_fd(pid: int, fd: int, size: int) -> mmap.mmap:
+    """Map the segment process ``pid`` holds open as ``fd`` (same user, one host)."""
+    f = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDWR)
+    try:
+        return mmap.mmap(f, size)
+    finally:
+        os.close(f)
+
+
 def unlink(name: str) -> None:
     try:
         _posixshmem.shm_unlink("/" + name)

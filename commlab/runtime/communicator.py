@@ -8,6 +8,7 @@ import gc
 import os
 import sys
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -69,6 +70,7 @@ class Communicator:
     across: HostGroups | None = field(default=None, repr=False)  # across hosts only
     wait_records: torch.Tensor | None = field(default=None, repr=False)  # GPU: wait_records
     members: Membership | None = field(default=None, repr=False)  # who is alive (one host)
+    records: Any = field(default=None, repr=False)  # runtime.records.Book, made at first use
 
     @property
     def generation(self) -> int:
@@ -144,6 +146,7 @@ class Communicator:
         self._device_sync()  # calls that ran ahead are forgotten, not checked
         lay = self.heap.layout
         self.heap.region(lay.signal_pad, SIGNAL_PAD_BYTES + FLAGS_BYTES, torch.uint8).zero_()
+        self.records = None  # the call records were zeroed with the flags
         self.control.reset()
         self._device_sync()
         dist.barrier(group=self.cpu_group)
@@ -181,8 +184,12 @@ _COMM: Communicator | None = None
 _HEAP_FULL = "symmetric heap full:"  # how Arena.alloc's HeapFullError begins
 
 
+# runtime/_grow.join, registered when commlab.runtime is imported (it imports this module)
+JOIN: list = [None]
+
+
 def init(backend: str = "auto", *, heap_size=None, scratch_size=None,
-         timeout: float | None = None) -> Communicator:
+         timeout: float | None = None, join: bool = False) -> Communicator:
     """Join the world and build the symmetric heap; return the process's Communicator.
 
     backend: "auto" (cuda when every rank has a GPU), "cpu" (Triton's interpreter, ranks
@@ -191,6 +198,9 @@ def init(backend: str = "auto", *, heap_size=None, scratch_size=None,
     where ranks share a GPU: at most a quarter of its memory over the ranks sharing it).
     timeout: seconds a collective waits for missing ranks before raising (default
     COMMLAB_TIMEOUT, else 300). Calling init again returns the same communicator.
+    join: enter a running world (its store in the environment; RANK and WORLD_SIZE are
+    ignored): blocks until the members call ``commlab.grow`` (at most ``timeout`` s) and
+    returns the grown world's Communicator; the heap's layout is the world's.
     """
     global _COMM
     if _COMM is not None and not _COMM.closed:
@@ -201,6 +211,9 @@ def init(backend: str = "auto", *, heap_size=None, scratch_size=None,
             )
         return _COMM
     timeout = float(timeout if timeout is not None else _config.get("COMMLAB_TIMEOUT"))
+    if join:
+        _COMM = JOIN[0](backend, timeout)
+        return _COMM
     world = bootstrap(backend, timeout)
     if world.backend == "cpu":
         from commlab._interpreter import triton_lib as _triton_lib

@@ -39,7 +39,13 @@ def _round_up(n: int, a: int = ALIGN) -> int:
 # zeroed at init and by recover(), never allocated inside a CUDA-graph capture
 CE_FLAGS_OFFSET = (MAX_BARRIER_BLOCKS + 2 * MAX_BARRIER_BLOCKS * MAX_WORLD) * 4
 CE_FLAGS_INTS = 1 + MAX_WORLD * MAX_CE_CHUNKS
-FLAGS_BYTES = CE_FLAGS_OFFSET + _round_up(CE_FLAGS_INTS * 4)
+# then the call records (runtime/records.py): a counter, a ring of RECORD_RING int64
+# [call, entry, arrived, end], and RECORD_STAMPS user timestamps (cl.timestamp)
+RECORD_OFFSET = CE_FLAGS_OFFSET + _round_up(CE_FLAGS_INTS * 4)
+RECORD_RING = 256
+RECORD_INTS = 8 + 4 * RECORD_RING + 64  # counter row (8), ring, stamps
+RECORD_STAMPS = 64
+FLAGS_BYTES = RECORD_OFFSET + _round_up(RECORD_INTS * 8)
 
 
 assert (SIGNAL_PAD_BYTES + FLAGS_BYTES) % ALIGN == 0, "scratch must start ALIGN-aligned"
@@ -161,6 +167,8 @@ class SymmetricHeap:
         self._make_block = make_block
         self.arena = Arena(layout.arena, layout.size)
         self.closed = False
+        self.fd: int | None = None  # cpu: an open fd of this rank's segment (a grow maps it)
+        self.inherited: dict[int, torch.Tensor] = {}  # a newcomer's blocks held since its join
 
     @property
     def size(self) -> int:

@@ -164,6 +164,15 @@ class Membership:
                           keep.index(self.store_rank), self.generation + 1,
                           tuple(self.origin[r] for r in keep), self.timeout, self.peer_timeout)
 
+    def grown(self, pids: tuple[int, ...]) -> Membership:
+        """The membership with newcomers ``pids`` as ranks W..W+n-1 (``commlab.grow``);
+        a newcomer's ``origin`` is its rank at the join."""
+        size = self.world_size + len(pids)
+        return Membership(self.rank, size, self.pids + tuple(pids), self.store,
+                          self.store_rank, self.generation + 1,
+                          self.origin + tuple(range(self.world_size, size)), self.timeout,
+                          self.peer_timeout)
+
 
 def agree(m: Membership, prepare: Callable[[list[int]], None]) -> tuple[list[int], str]:
     """The survivors every survivor agrees on (old ranks, ascending) and the store prefix

@@ -41,7 +41,7 @@ def _traced(event: str, inputs=lambda args: args[0]):
             before = getattr(_CALL, "call", None)
             _CALL.call = (name, event, inputs, args)
             try:
-                with call_timeout(self.timeout_s):
+                with call_timeout(self.timeout_s), trace.event_named_outside():
                     if not trace.is_recording():
                         return method(self, *args, **kwargs)
                     with trace.span(name, kind="dist"):

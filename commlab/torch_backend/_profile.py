@@ -16,7 +16,9 @@ The names are gloo's: ``all_reduce`` (also for ``all_reduce_coalesced``), ``broa
 ``reduce_scatter``, ``reduce_scatter_tensor``, ``all_to_all``, ``barrier``, ``send``,
 ``recv``, ``gather``, ``scatter``, ``reduce``.
 
-Nothing of this runs unless a profiler records (one C call to ask).
+Nothing of this runs unless a profiler records (one C call to ask). A torch without the
+profiling-name calls (2.11 has none; they came later) gets a plain ``record_function``
+range named ``commlab:<op>`` instead: same name, on the CPU thread, without shapes.
 """
 
 from __future__ import annotations
@@ -26,11 +28,12 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from torch._C import _distributed_c10d as _c10d
 from torch._C._autograd import _profiler_enabled
-from torch._C._distributed_c10d import (
-    _get_comm_profiling_name,
-    _set_comm_profiling_name,
-)
+
+# None on an older torch: events become record_function ranges (module docstring)
+_get_comm_profiling_name = getattr(_c10d, "_get_comm_profiling_name", None)
+_set_comm_profiling_name = getattr(_c10d, "_set_comm_profiling_name", None)
 
 _SOLO: list = []  # the one-rank gloo group, made on first use
 
@@ -42,6 +45,11 @@ def enabled() -> bool:
 @contextlib.contextmanager
 def titled(name: str):
     """Works made inside take ``name`` as their profiler title ("" for none)."""
+    if _set_comm_profiling_name is None or _get_comm_profiling_name is None:
+        with torch.profiler.record_function(name) if name and enabled() \
+                else contextlib.nullcontext():
+            yield
+        return
     before = _get_comm_profiling_name()
     _set_comm_profiling_name(name)
     try:
@@ -69,6 +77,9 @@ class Titled:
 def record(name: str, tensors) -> None:
     """An async event ``name`` with the shapes of ``tensors``."""
     shapes = [t.shape for t in tensors if isinstance(t, torch.Tensor)]
+    if _set_comm_profiling_name is None:
+        with torch.profiler.record_function(name):
+            return
     if not _SOLO:
         _SOLO.append(dist.ProcessGroupGloo(dist.HashStore(), 0, 1, timedelta(seconds=60)))
     solo = _SOLO[0]

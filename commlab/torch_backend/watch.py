@@ -16,6 +16,8 @@ exchange), so every rank sees the same world and decides the same. The median ra
 the first ``baseline`` steps is the baseline; a step whose ratio (the worst rank's) rises
 above ``factor`` × baseline raises ``CommRatioWarning`` with the first cause that holds:
 
+- a late rank: the kernels' arrival records name the rank that entered last in most
+  of the step's calls and how late (``trace.arrivals``);
 - a straggling rank: its compute exceeds the others' median by ``straggler`` × (they
   wait for it inside the collectives);
 - a slow link: the kernels' bandwidth (bytes / kernel time) fell below 1/``factor`` of
@@ -36,6 +38,8 @@ import torch
 import torch.distributed as dist
 
 from commlab import trace
+from commlab.runtime import records
+from commlab.trace import arrivals
 from commlab.trace.overlap import merge, total
 
 FIELDS = ("step_us", "comm_us", "kernel_us", "compute_us", "bytes")
@@ -51,6 +55,7 @@ class StepStats:
     ratio: float  # the worst rank's comm / compute
     per_rank: list[dict]  # FIELDS per rank
     alert: str = ""
+    straggler: dict | None = None  # from the arrival records (trace.arrivals.straggler)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -67,11 +72,16 @@ class Watch:
         self.history: list[StepStats] = []
         self.alerts: list[str] = []
         self.spans: list = []  # the last step's spans (for a timeline)
+        self.arrivals: list = []  # the last step's call records (runtime.records)
 
     # -- measuring --------------------------------------------------------------------
     @contextlib.contextmanager
     def step(self):
         """Record one training step (every rank, the same steps)."""
+        book = records.book(self.comm)
+        if book is not None:
+            book.collect()
+            seen = book.seen
         trace.start(self.comm.rank)
         t0 = time.perf_counter()
         try:
@@ -80,6 +90,10 @@ class Watch:
             self.comm.synchronize()
             step_us = (time.perf_counter() - t0) * 1e6
             self.spans = trace.stop()
+            self.arrivals = []
+            if book is not None:
+                book.collect()
+                self.arrivals = list(book.done)[-(book.seen - seen):] if book.seen > seen else []
             self._record(step_us, self.spans)
 
     def _record(self, step_us: float, spans) -> None:
@@ -94,7 +108,8 @@ class Watch:
         rows = [dict(zip(FIELDS, r.tolist(), strict=True))
                 for r in world.view(self.comm.world_size, len(FIELDS))]
         ratio = max(r["comm_us"] / r["compute_us"] for r in rows)
-        st = StepStats(len(self.history), ratio, rows)
+        st = StepStats(len(self.history), ratio, rows,
+                       straggler=arrivals.straggler(self.arrivals))
         base = self.baseline()
         if base is not None and ratio > self.factor * base:
             st.alert = self._cause(st, base)
@@ -118,6 +133,13 @@ class Watch:
     def _cause(self, st: StepStats, base: float) -> str:
         head = (f"step {st.step}: communication takes {st.ratio:.2f}x the compute time, "
                 f"{st.ratio / base:.1f}x the baseline {base:.2f}")
+        late = st.straggler
+        if late is not None and late["share"] >= 0.5 and late["late_ms"] * 1e3 > (
+                0.1 * statistics.median(r["comm_us"] for r in st.per_rank)):
+            return (f"{head}: rank {late['rank']} arrived last in {late['share']:.0%} of "
+                    f"{late['op']} calls, {late['late_ms']:.3g} ms late on average (the "
+                    f"kernels' arrival records); look at what rank {late['rank']} does "
+                    f"differently (data loading, a busy core or GPU)")
         computes = [r["compute_us"] for r in st.per_rank]
         slow = max(range(len(computes)), key=computes.__getitem__)
         others = [c for i, c in enumerate(computes) if i != slow]
@@ -165,8 +187,11 @@ class Watch:
         bar = "#" * min(40, int(round(st.ratio * 20)))
         b = f" baseline {base:.2f}" if base is not None else " (baseline steps)"
         each = "  ".join(f"r{r} {x:.2f}" for r, x in enumerate(ratios))
+        late = st.straggler
+        last = (f"\n  arrived last: rank {late['rank']} in {late['share']:.0%} of "
+                f"{late['op']} calls, {late['late_ms']:.3g} ms late" if late else "")
         return (f"step {st.step:3d}  comm/compute {st.ratio:5.2f} (worst: rank {worst}){b}  "
-                f"{bar}\n  per rank: {each}" + (f"\n  ! {st.alert}" if st.alert else ""))
+                f"{bar}\n  per rank: {each}{last}" + (f"\n  ! {st.alert}" if st.alert else ""))
 
     def figure(self):
         """A plotly figure of the ratio per step, the baseline and the warning level."""

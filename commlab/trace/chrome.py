@@ -128,3 +128,25 @@ def to_chrome_trace(spans, path=None) -> dict:
     if path is not None:
         Path(path).write_text(json.dumps(out))
     return out
+
+
+HTA_PREFIX = "ncclKernel_commlab_"
+
+
+def mark_communication(trace, path=None, patterns=COMM_PATTERNS) -> dict:
+    """A torch.profiler trace whose commlab GPU kernels HTA counts as communication.
+
+    HTA classifies a kernel as communication by its name alone (``^nccl.*Kernel``), so
+    each kernel that ``classify`` calls "comm" and NCCL did not name is renamed
+    ``ncclKernel_commlab_<name>``, its own name kept in ``args["commlab_kernel"]`` and
+    ``args["commlab_comm"] = 1``; nothing else changes. Written to ``path`` if given."""
+    d = json.loads(json.dumps(_read(trace)))
+    for e in d.get("traceEvents", []):
+        name = str(e.get("name", ""))
+        if (e.get("cat") == "kernel" and not name.lower().startswith("nccl")
+                and classify(name, patterns) == "comm"):
+            e["name"] = HTA_PREFIX + name
+            e.setdefault("args", {}).update({"commlab_kernel": name, "commlab_comm": 1})
+    if path is not None:
+        Path(path).write_text(json.dumps(d))
+    return d

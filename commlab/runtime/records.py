@@ -1,0 +1,266 @@
+"""Call records: what every rank's collective kernels say about each call, read lazily.
+
+Program 0 of every collective kernel (``cl.record_begin/arrived/end``; user kernels may
+call them too) writes into its rank's heap, at the end of the flag area::
+
+    int64 [count, 7 spare] [call, entry, arrived, end] x RECORD_RING [stamp] x 64
+
+``entry`` when the kernel started on this rank, ``arrived`` when its first wait for every
+peer completed, ``end`` when program 0 finished (ns: ``%globaltimer`` on GPUs, the
+machine's monotonic clock under the interpreter, so ranks' clocks compare). The host
+notes which records each call made (``Book.note``) and reads them only when asked
+(``Book.collect``): on CPU straight from every rank's shared memory, on GPUs through one
+asynchronous copy of every rank's ring into pinned memory, taken up at the next read once
+its event completed (no synchronisation on the call path). From the records of one call:
+
+    last rank      the rank whose entry is latest (the one the others waited for)
+    late_ns        its entry minus the mean entry of the other ranks
+    wire_ns        max end - max entry: the collective's own time, stragglers excluded
+    busbw          bytes x nccl-tests' factor / wire time
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from commlab import _config
+from commlab.runtime.heap import RECORD_OFFSET, RECORD_RING, RECORD_STAMPS
+
+LAUNCHES = [0]  # recording kernel launches this process made (GPU: which record is whose)
+_REC = 4  # ints per record
+_RING_AT = 8  # ring's first int
+_STAMPS_AT = _RING_AT + _REC * RECORD_RING
+_WORDS = _STAMPS_AT + RECORD_STAMPS
+BUS = {"all_reduce": lambda w: 2 * (w - 1) / w, "all_gather": lambda w: (w - 1) / w,
+       "reduce_scatter": lambda w: (w - 1) / w, "all_to_all": lambda w: (w - 1) / w,
+       "broadcast": lambda w: 1.0}
+
+
+def enabled() -> bool:
+    return bool(_config.get("COMMLAB_RECORDS"))
+
+
+def launched(n: int = 1) -> None:
+    """Count ``n`` launches of recording kernels (the launch paths call this)."""
+    LAUNCHES[0] += n
+
+
+_RECORDING: dict = {}
+
+
+def records_kernel(kernel) -> bool:
+    """Whether a ``@triton.jit`` kernel writes call records (its source opens one)."""
+    hit = _RECORDING.get(kernel)
+    if hit is None:
+        src = getattr(kernel, "src", "") or ""
+        hit = _RECORDING[kernel] = ("begin_call(" in src) or ("record_begin(" in src)
+    return hit
+
+
+@dataclass
+class CallRecord:
+    """One collective call as every rank's kernels recorded it (times in ns)."""
+
+    op: str
+    algorithm: str
+    nbytes: int
+    dtype: str
+    call: int  # the record number of the call's first launch on every rank
+    entry: list[int]
+    arrived: list[int]
+    end: list[int]
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def world(self) -> int:
+        return len(self.entry)
+
+    @property
+    def last_rank(self) -> int:
+        return int(np.argmax(self.entry))
+
+    @property
+    def late_ns(self) -> float:
+        """How much later the last rank entered than the others did, on average."""
+        if self.world < 2:
+            return 0.0
+        last = self.last_rank
+        others = [e for r, e in enumerate(self.entry) if r != last]
+        return float(self.entry[last] - sum(others) / len(others))
+
+    @property
+    def skew_ns(self) -> int:
+        return max(self.entry) - min(self.entry)
+
+    @property
+    def wire_ns(self) -> int:
+        return max(1, max(self.end) - max(self.entry))
+
+    @property
+    def busbw_gbps(self) -> float:
+        factor = BUS.get(self.op, lambda w: 1.0)(self.world)
+        return self.nbytes * factor / self.wire_ns  # bytes per ns = GB/s
+
+    def to_dict(self) -> dict:
+        return {"op": self.op, "algorithm": self.algorithm, "bytes": self.nbytes,
+                "dtype": self.dtype, "call": self.call, "entry": self.entry,
+                "arrived": self.arrived, "end": self.end, "last_rank": self.last_rank,
+                "late_us": self.late_ns / 1e3, "wire_us": self.wire_ns / 1e3,
+                "busbw_gbps": self.busbw_gbps}
+
+
+def _region(comm) -> torch.Tensor:
+    lay = comm.heap.layout
+    return comm.heap.region(lay.flags + RECORD_OFFSET, 8 * _WORDS, torch.int64)
+
+
+class Book:
+    """A communicator's call records on the host: calls noted, records collected."""
+
+    KEEP = 4096
+
+    def __init__(self, comm):
+        self.comm = comm
+        self.rank, self.world = comm.rank, comm.world_size
+        self.cpu = comm.backend != "cuda"
+        self._local = _region(comm)
+        self._base = LAUNCHES[0] - self.device_count() if not self.cpu else 0
+        self.pending: deque = deque()  # (k0, k1, op, algorithm, nbytes, dtype, meta)
+        self.done: deque[CallRecord] = deque(maxlen=self.KEEP)
+        self.seen = 0  # records collected so far (all time)
+        self._snap: tuple | None = None  # GPU: (event, pinned [W, words]) in flight
+        self._views: list | None = None
+
+    # -- noting ------------------------------------------------------------------------
+    def mark(self) -> int:
+        """The number of records this rank's kernels have opened once the launches made
+        so far run (CPU: read from memory, the interpreter has run them; GPU: counted)."""
+        if self.cpu:
+            return int(self._local[0])
+        return LAUNCHES[0] - self._base
+
+    def device_count(self) -> int:
+        return int(self._local[0].item()) if self.cpu else 0
+
+    def note(self, k0: int, k1: int, op: str, algorithm: str, nbytes: int, dtype: str = "",
+             meta: dict | None = None) -> None:
+        """The call that opened records k0+1..k1 (none: nothing to note)."""
+        if k1 > k0:
+            self.pending.append((k0, k1, op, algorithm, nbytes, dtype, meta or {}))
+            if len(self.pending) > self.KEEP:
+                self.pending.popleft()
+
+    # -- reading -----------------------------------------------------------------------
+    def _peer_views(self) -> list[torch.Tensor]:
+        if self._views is None:
+            from commlab.runtime.peer import peer_view  # noqa: PLC0415 (peer needs a comm)
+            self._views = [self._local if r == self.rank else peer_view(self.comm, self._local, r)
+                           for r in range(self.world)]
+        return self._views
+
+    def _rings(self) -> np.ndarray | None:
+        """[W, words] of every rank's records, or None while a GPU copy is in flight."""
+        views = self._peer_views()
+        if self.cpu:
+            return np.stack([v.numpy().copy() for v in views])
+        snap, self._snap = self._snap, None
+        got = None
+        if snap is not None:
+            event, pinned = snap
+            if event.query():
+                got = pinned.numpy().copy()
+            else:
+                self._snap = snap
+                return None
+        self._start_copy(views)
+        return got
+
+    def _start_copy(self, views) -> None:
+        dev = self.comm.device
+        pinned = torch.empty((self.world, _WORDS), dtype=torch.int64, pin_memory=True)
+        side = torch.cuda.Stream(device=dev)
+        side.wait_stream(torch.cuda.current_stream(dev))  # after the calls made so far
+        with torch.cuda.stream(side):
+            for r, v in enumerate(views):
+                pinned[r].copy_(v, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(side)
+        self._snap = (event, pinned)
+
+    def collect(self) -> list[CallRecord]:
+        """The calls whose records every rank has completed since the last collect (never
+        waits: on GPUs the records of the copy started at the previous collect)."""
+        if not self.pending:
+            return []
+        rings = self._rings()
+        if rings is None:
+            return []
+        out = []
+        while self.pending:
+            k0, k1, op, alg, nbytes, dtype, meta = self.pending[0]
+            rows = [self._record(rings, k) for k in range(k0 + 1, k1 + 1)]
+            if any(r is False for r in rows):  # overwritten or mismatched: give it up
+                self.pending.popleft()
+                continue
+            if any(r is None for r in rows):  # not finished yet on some rank
+                break
+            self.pending.popleft()
+            first, last = rows[0], rows[-1]
+            rec = CallRecord(op, alg, nbytes, dtype, k0 + 1,
+                             [int(v) for v in first[:, 0]],
+                             [int(v) for v in first[:, 1]],
+                             [int(v) for v in last[:, 2]], meta)
+            out.append(rec)
+            self.done.append(rec)
+            self.seen += 1
+        return out
+
+    @staticmethod
+    def _record(rings: np.ndarray, k: int):
+        """[W, (entry, arrived, end)] of record k; None: not complete; False: lost."""
+        at = _RING_AT + _REC * ((k - 1) % RECORD_RING)
+        rows = rings[:, at:at + _REC]
+        calls = rows[:, 0]
+        if (calls > k).any() or (rings[:, 0] - k >= RECORD_RING).any():
+            return False  # the ring went round: this call's record is gone
+        if (calls < k).any() or (rows[:, 3] == 0).any():
+            return None
+        return rows[:, 1:4]
+
+
+def book(comm) -> Book | None:
+    """The communicator's Book (made at the first use; None when records are off or the
+    world spans hosts: a kernel's records then cover only its host)."""
+    if not enabled() or comm is None or comm.local is not comm:
+        return None
+    b = getattr(comm, "records", None)
+    if b is None:
+        b = Book(comm)
+        comm.records = b
+    return b
+
+
+def stamps(comm) -> list[int]:
+    """This rank's user stamps (``cl.timestamp(ctx, slot)``), ns, 0 where never stamped
+    (GPU: synchronises with the device: a debugging read, not for the call path)."""
+    t = _region(comm)[_STAMPS_AT:_STAMPS_AT + RECORD_STAMPS]
+    return [int(v) for v in t.cpu().tolist()]
+
+
+def collect(comm) -> list[CallRecord]:
+    """New complete call records of ``comm`` (see ``Book.collect``)."""
+    b = book(comm)
+    return b.collect() if b is not None else []
+
+
+def recent(comm) -> list[CallRecord]:
+    """Every call record kept (the last ``Book.KEEP``), collecting new ones first."""
+    b = book(comm)
+    if b is None:
+        return []
+    b.collect()
+    return list(b.done)
