@@ -54,9 +54,10 @@ class _Key:
 
 
 def on(comm) -> bool:
-    return (bool(_config.get("COMMLAB_ADAPT")) and _records.enabled()
-            and comm.world_size > 1 and comm.local is comm
-            and isinstance(comm.control, ControlBlock))
+    # the cheap tests first: each setting read is an environment lookup, on every call
+    return (comm.world_size > 1 and comm.local is comm
+            and isinstance(comm.control, ControlBlock)
+            and bool(_config.get("COMMLAB_ADAPT")) and _records.enabled())
 
 
 def _state(comm) -> dict:
