@@ -8,13 +8,22 @@ program 0, executed as host code.
 
 from __future__ import annotations
 
+import ctypes
+import time
+
 import torch
 
+from commlab import _config
 from commlab._interpreter import hostmem
-from commlab.runtime.heap import MAX_BARRIER_BLOCKS, MAX_WORLD
+from commlab.runtime.heap import MAX_BARRIER_BLOCKS, MAX_WORLD, RECORD_OFFSET, RECORD_RING
 
 PHASES = 64
 _BANK = MAX_BARRIER_BLOCKS * MAX_WORLD
+_RECORDS = bool(_config.get("COMMLAB_RECORDS"))  # as cl.record_*: read at import
+
+
+def _i64(addr: int) -> ctypes.c_int64:
+    return ctypes.c_int64.from_address(addr)
 
 
 class Program:
@@ -24,17 +33,30 @@ class Program:
         self.c = hostmem.Ctx(ctx)
         self.me, self.world = self.c.rank, self.c.world
         self.peers = [(self.me + i) % self.world for i in range(1, self.world)]
+        self._rec = 0  # this launch's call record (begin_call opens it)
 
     def usable(self) -> bool:
         """A heap is registered (twins check every address against it)."""
         return self.c.size > 0
 
     def begin_call(self) -> int:
-        """This program's call number n (>= 1): ``_sync.begin_call``."""
+        """This program's call number n (>= 1): ``_sync.begin_call`` (which also opens
+        the rank's call record, ``cl.record_begin``)."""
+        if _RECORDS:
+            rec = self.c.flags + RECORD_OFFSET
+            k = _i64(rec).value + 1
+            self._rec = slot = rec + 8 * (8 + 4 * ((k - 1) % RECORD_RING))
+            _i64(slot + 16).value = 0
+            _i64(slot + 24).value = 0
+            _i64(slot + 8).value = time.monotonic_ns()
+            _i64(slot).value = k
+            _i64(rec).value = k
         return hostmem.int32(self.c.flags) + 1
 
     def end_call(self, n: int) -> None:
         hostmem.set_int32(self.c.flags, n)
+        if _RECORDS:  # cl.record_end
+            _i64(self._rec + 24).value = time.monotonic_ns()
 
     def _slot(self, src: int, bank: int) -> int:
         return self.c.flags + 4 * (MAX_BARRIER_BLOCKS + bank * _BANK + src)
@@ -48,6 +70,8 @@ class Program:
         """Acquire from every peer: returns once each signalled ``value`` or more."""
         for src in self.peers:
             self.wait_from(src, value, bank)
+        if _RECORDS and _i64(self._rec + 16).value == 0:  # cl.record_arrived
+            _i64(self._rec + 16).value = time.monotonic_ns()
 
     def wait_from(self, src: int, value: int, bank: int = 0) -> None:
         """Acquire from rank ``src`` alone (``_sync.wait_from``)."""
