@@ -384,7 +384,7 @@ def parse(argv=None) -> dict:
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--ops", default=",".join(OPS))
     p.add_argument("--quick", action="store_true", help="two sizes, few calls (tests)")
-    p.add_argument("--out-dir", default=str(ROOT / "bench" / "results"))
+    p.add_argument("--out-dir", "--out", dest="out_dir", default=str(ROOT / "bench" / "results"))
     p.add_argument("--name", default=None, help="file prefix (default: h200 on an H200)")
     p.add_argument("--no-torch-backend", action="store_true")
     a = p.parse_args(argv)
