@@ -242,13 +242,17 @@ def measure(comm, opts: dict) -> dict:
         for op in opts["ops"]:
             x, total = make_input(op, nbytes, dtype, comm)
             ref = _host_reference(op, comm, x)
-            nccl = nccl_call(op, comm, x)
-            if nccl is not None:
-                got = nccl()
-                bad = check(got, ref.reshape(-1), comm.world_size)
-                if bad:
-                    failures.append(f"{op} nccl {total} B disagrees with gloo: {bad}")
-                ref = got.clone()  # NCCL is the reference wherever it runs
+            try:
+                nccl = nccl_call(op, comm, x)
+                if nccl is not None:
+                    got = nccl()
+                    bad = check(got, ref.reshape(-1), comm.world_size)
+                    if bad:
+                        failures.append(f"{op} nccl {total} B disagrees with gloo: {bad}")
+                    ref = got.clone()  # NCCL is the reference wherever it runs
+            except Exception as e:  # noqa: BLE001 - reported; commlab is checked against gloo
+                failures.append(f"{op} nccl {total} B: {type(e).__name__}: {str(e)[:300]}")
+                nccl = None
             timed(op, COMMLAB, total, commlab_call(op, x), ref)
             if op == "all_reduce":
                 with legacy_plans(comm):
@@ -256,7 +260,11 @@ def measure(comm, opts: dict) -> dict:
             if nccl is not None:
                 timed(op, "nccl", total, nccl, None)
             if op == "all_reduce":
-                sym = symm_call(comm, x)
+                try:
+                    sym = symm_call(comm, x)
+                except Exception as e:  # noqa: BLE001 - reported, the run goes on
+                    failures.append(f"symm-mem {total} B: {type(e).__name__}: {str(e)[:300]}")
+                    sym = None
                 if sym is not None:
                     timed(op, SYMM, total, sym, ref)
                 if opts["torch_backend"]:
@@ -310,8 +318,12 @@ def profile_text(comm, nbytes: int, dtype, calls: int = 200) -> str:
 def rank_main(comm, opts: dict) -> dict:
     """Everything one rank does; rank 0's result is written out."""
     result = measure(comm, opts)
-    result["profile"] = profile_text(comm, opts["profile_bytes"], getattr(torch, opts["dtype"]),
-                                     calls=opts["profile_calls"])
+    try:
+        result["profile"] = profile_text(comm, opts["profile_bytes"],
+                                         getattr(torch, opts["dtype"]), calls=opts["profile_calls"])
+    except Exception as e:  # noqa: BLE001 - the timings are written anyway
+        result["profile"] = f"profile failed: {type(e).__name__}: {e}\n"
+        result["failures"].append(result["profile"].strip())
     result["device"] = device_name(comm)
     result["world_size"] = comm.world_size
     result["backend"] = comm.backend
