@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING
 from commlab import _config
 from commlab._interpreter import liveness
 from commlab.errors import CollectiveTimeoutError, CommlabUsageError, RankMismatchError
-from commlab.runtime._ahead import CALLER, Ahead
+from commlab.runtime._ahead import SYNC_HOOK, Ahead
 
 if TYPE_CHECKING:
     from commlab.runtime.membership import Membership
@@ -64,7 +64,6 @@ _WORD = struct.Struct("<qq")  # length, digest: written together after the body
 _SIG_MAX = SLOT - _HDR.size
 ACTIVE: list = [None]  # the newest ControlBlock: the kernels' watch names absent ranks
 CALL_TIMEOUT: list = [None]  # seconds for the calls in progress (call_timeout), else None
-SYNC_HOOK: list = [None]  # fn(event, rank, seq), "publish" then "join": racecheck's clocks
 _CUT = b"\x1d"  # ends the kept prefix of a long signature; its digest follows
 _DIGEST = 16  # bytes of blake2b, written as hex
 
@@ -141,6 +140,7 @@ def _ranks_str(ranks: list[int]) -> str:
 
 class ControlBlock:
     RING = RING
+    SLOT_WORDS = SLOT >> 3
 
     def __init__(self, buf, rank: int, world_size: int, timeout: float):
         self.buf = buf  # mmap of nbytes(world_size)
@@ -157,7 +157,7 @@ class ControlBlock:
         self.last_published = 0  # the newest call this rank published
         self.words = memoryview(buf).cast("q")  # the block as int64 words (seq, checked)
         self._mine: list = [None] * RING  # the Record each of our slots holds, if any
-        self._checked_word = self._state(rank) >> 3
+        self.checked_word = self._state(rank) >> 3  # our checked word's index in words
         ACTIVE[0] = self
         self.members: Membership | None = None  # the world's members: every wait checks them
 
@@ -246,49 +246,9 @@ class ControlBlock:
         return Record(sig, raw, digest(raw))
 
     def repeat(self, rec: Record) -> int:
-        """``agree(rec.sig, rec.raw, ahead=True)`` in a few Python steps: when the call may
-        run ahead (``Ahead.may_skip``) publish the record (one word when the slot holds
-        it already) and return; else the waiting agreement."""
-        if not self._lock.acquire(blocking=False):
-            return self.agree(rec.sig, rec.raw, ahead=True)  # raises the thread refusal
-        ahead = self.ahead
-        try:
-            n = self.seq + 1
-            pending = ahead.pending
-            skip = (SYNC_HOOK[0] is None and ahead.enabled and rec.raw == ahead.last
-                    and len(pending) < RING and rec.raw in ahead.drains and self.ring_free(n))
-            if skip:
-                self.entered += 1
-                words, stride = self.words, RING * (SLOT >> 3)
-                while pending:  # Ahead.poll inlined: check what every peer has published
-                    m, dig = pending[0][0], pending[0][4]
-                    slot = (m % RING) * (SLOT >> 3)
-                    ready = True
-                    for r in self.peers:
-                        if words[r * stride + slot] < m:
-                            ready = False
-                            break
-                    if not ready:
-                        break
-                    for r in self.peers:
-                        if words[r * stride + slot + 2] != dig:
-                            ahead.poll()  # raises the mismatch, as every rank does
-                    pending.popleft()
-                    words[self._checked_word] = m
-                k = n % RING
-                off = (self.rank * RING + k) * SLOT
-                if self._mine[k] is not rec:
-                    self._write(off, rec.raw, rec.digest, True)
-                    self._mine[k] = rec
-                self.words[off >> 3] = n  # publish: one aligned 8-byte store, after the body
-                self.last_published = self.seq = n
-                pending.append((n, rec.sig, rec.raw, CALLER[0], rec.digest))
-        except BaseException:
-            ahead.last = None
-            raise
-        finally:
-            self._lock.release()
-        return n if skip else self.agree(rec.sig, rec.raw, ahead=True)
+        """``agree(rec.sig, rec.raw, ahead=True)`` for a launch plan's record, in a few
+        Python steps when the call may run ahead (``Ahead.repeat``)."""
+        return self.ahead.repeat(rec)
 
     def settle(self) -> None:
         """Check every call that ran ahead (waits for peers to publish them); raises the
@@ -299,6 +259,17 @@ class ControlBlock:
             except BaseException:
                 self.ahead.last = None
                 raise
+
+    def publish_record(self, n: int, rec: Record) -> None:
+        """Publish call ``n`` ahead with a plan's record: its body, length and digest only
+        when our slot does not hold them already, then ``n``."""
+        k = n % RING
+        off = (self.rank * RING + k) * SLOT
+        if self._mine[k] is not rec:
+            self._write(off, rec.raw, rec.digest, True)
+            self._mine[k] = rec
+        self.words[off >> 3] = n  # publish: one aligned 8-byte store, after the body
+        self.last_published = n
 
     def _write(self, off: int, raw: bytes, dig: int, ahead: bool) -> None:
         self.buf[off + _HDR.size : off + _HDR.size + len(raw)] = raw
