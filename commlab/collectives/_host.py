@@ -99,5 +99,6 @@ def run(coll: Collective, x, algorithm: str = "auto", *params, out=None) -> torc
     with traced(coll.name, nbytes, algorithm, comm.device, x, comm):
         body(comm, x.view(-1), out.view(-1), *args, launched)
     remember(comm, key, call, algorithm=algorithm, nbytes=nbytes, launched=launched,
-             make_out=make_out, slow=lambda a, b: body(comm, a.view(-1), b.view(-1), *args))
+             make_out=make_out, slow=lambda a, b: body(comm, a.view(-1), b.view(-1), *args),
+             x=x, out=out)
     return out

@@ -49,7 +49,7 @@ def measured(comm, op: str, nbytes: int, algorithm: str, device, x=None,
              meta: dict | None = None):
     """The context for one call, or None when there is nothing to do (no records, no
     trace, no profiler)."""
-    book = _records.book(comm) if _records.enabled() else None
+    book = _records.book(comm)  # None when records are off (it reads the setting once)
     if book is None and not _tracing():
         return None
     return Measured(book, op, nbytes, algorithm, device, x, meta)

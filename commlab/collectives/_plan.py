@@ -2,13 +2,20 @@
 
 The first call with a given (op, shape, dtype, parameters) validates everything, agrees
 with the other ranks, picks the algorithm and compiles the kernel. It leaves a Plan: the
-encoded agreement signature, the algorithm and, when the call was a single launch on
-CUDA, the compiled kernel with every argument but the input and output bound (otherwise
-the plan runs the op's body, as on the CPU backend). Later identical calls only publish
-the cached signature, allocate the output and launch — a few Python calls, which is what
-makes small eager collectives cheap — and a call repeating the previous one does not wait
-for the other ranks (``commlab.runtime._ahead``). Plans live on the Communicator and die
-with it; ``COMMLAB_FAST_LAUNCH=0`` makes none.
+agreement record (``ControlBlock.record``), the algorithm, outputs it owns
+(``_outputs.Outputs``) and, when the call was a single launch on CUDA, the compiled
+kernel bound to Triton's launcher with every argument but the input's and output's
+addresses as integers (``_launcher.bind``; otherwise the plan runs the op's body, as on
+the CPU backend). A later identical call publishes the record, takes an output, reads
+the raw current stream and fires: a few Python calls. A call repeating the previous one
+does not wait for the other ranks (``commlab.runtime._ahead``). Plans live on the
+Communicator and die with it; ``COMMLAB_FAST_LAUNCH=0`` makes none.
+
+Every check of the slow path still holds on this one: the key covers what the checks
+read (a non-contiguous input takes the slow path), the record is compared with every
+rank's (now or, ahead, at the next waiting call), racecheck and the wait records see the
+same kernels, and a Triton launch hook (profiling) makes the plan launch through
+``kernel[grid]``.
 """
 
 from __future__ import annotations
@@ -19,9 +26,11 @@ from dataclasses import dataclass
 import torch
 
 from commlab import _config
+from commlab.collectives import _launcher
 from commlab.collectives._common import traced
+from commlab.collectives._outputs import Outputs
 from commlab.runtime import records as _records
-from commlab.runtime._control import Signature
+from commlab.runtime._control import Record, Signature
 
 
 @dataclass
@@ -35,6 +44,12 @@ class Plan:
     tail: tuple  # kernel arguments after (x, out), constexprs included
     make_out: Callable[[torch.Tensor], torch.Tensor]
     slow: Callable[[torch.Tensor, torch.Tensor], object]  # the ordinary path
+    record: Record | None = None  # the agreement's fixed record of ``raw``
+    outputs: Outputs | None = None
+    fire: Callable | None = None  # _launcher.bind: fire(stream, x_ptr, out_ptr, *ints)
+    ints: tuple = ()  # ``tail`` with tensors as their addresses (kept alive by ``tail``)
+    device: int = -1  # CUDA device index (raw stream), -1 on CPU
+    x_aligned: bool = True  # compiled for a 16-byte aligned input
 
 
 def fast_call(comm, key: tuple, x, out=None) -> torch.Tensor | None:
@@ -46,12 +61,32 @@ def fast_call(comm, key: tuple, x, out=None) -> torch.Tensor | None:
         return None
     if plan is None or not x.is_contiguous():
         return None
-    comm.control.agree(plan.sig, plan.raw, ahead=True)
+    comm.control.repeat(plan.record)
+    if plan.device < 0:
+        if out is None:
+            out = plan.outputs.take(x, 0)
+        with traced(plan.sig.op, plan.nbytes, plan.algorithm, comm.device, x, comm):
+            _launch(plan, x, out)
+        return out
+    stream = _launcher.raw_stream(plan.device)
     if out is None:
-        out = plan.make_out(x)
+        out = plan.outputs.take(x, stream, _capturing())
+    elif out.data_ptr() % 16:
+        with traced(plan.sig.op, plan.nbytes, plan.algorithm, comm.device, x, comm):
+            _launch(plan, x, out)  # the caller's output is not what the kernel was built for
+        return out
     with traced(plan.sig.op, plan.nbytes, plan.algorithm, comm.device, x, comm):
-        _launch(plan, x, out)
+        xp = x.data_ptr()
+        if plan.fire is None or (plan.x_aligned and xp % 16) or _launcher.hooked():
+            _launch(plan, x, out)
+        else:
+            plan.fire(stream, xp, out.data_ptr(), *plan.ints)
+            _records.LAUNCHES[0] += 1  # _records.launched(): the plan's kernel writes a record
     return out
+
+
+def _capturing() -> bool:
+    return torch._C._cuda_isCurrentStreamCapturing()
 
 
 def _launch(plan: Plan, x: torch.Tensor, out: torch.Tensor) -> None:
@@ -69,9 +104,9 @@ def _drain(comm, plan: Plan, shape, dtype) -> None:
 
 
 def remember(comm, key: tuple | None, call, *, algorithm: str, nbytes: int, launched: list,
-             make_out, slow) -> None:
+             make_out, slow, x=None, out=None) -> None:
     """Keep a plan after a slow-path call every rank agreed on; with its compiled kernel
-    when the call made exactly one CUDA launch.
+    when the call made exactly one CUDA launch, on ``x`` and ``out`` themselves.
 
     ``launched`` holds (compiled, grid, args, consts) of every launch the call made."""
     if key is None or call.sig is None or call.sig.error or not _config.get("COMMLAB_FAST_LAUNCH"):
@@ -79,9 +114,32 @@ def remember(comm, key: tuple | None, call, *, algorithm: str, nbytes: int, laun
     compiled, grid, tail = None, (), ()
     if comm.backend == "cuda" and len(launched) == 1 and launched[0][0] is not None:
         compiled, grid, args, consts = launched[0]
-        grid, tail = (tuple(grid) + (1, 1))[:3], tuple(args[2:]) + tuple(consts.values())
-    plan = Plan(call.sig, call.sig.encode(), algorithm, nbytes, compiled, grid, tail,
-                make_out, slow)
+        if not _same(args[0], x) or not _same(args[1], out):
+            compiled = None  # the launch was not on (x, out): the body runs each time
+        else:
+            grid, tail = (tuple(grid) + (1, 1))[:3], tuple(args[2:]) + tuple(consts.values())
+    raw = call.sig.encode()
+    plan = Plan(call.sig, raw, algorithm, nbytes, compiled, grid, tail, make_out, slow,
+                record=comm.control.record(call.sig, raw), outputs=Outputs(make_out))
+    if comm.backend == "cuda":
+        plan.device = comm.device.index if comm.device.index is not None else 0
+        if compiled is not None:
+            _bind(plan, x)
     comm.plans[key] = plan
     shape, dtype = key[1], key[2]
     comm.control.ahead.allow(plan.raw, lambda: _drain(comm, plan, shape, dtype))
+
+
+def _same(a, t) -> bool:
+    return (isinstance(a, torch.Tensor) and isinstance(t, torch.Tensor)
+            and a.data_ptr() == t.data_ptr())
+
+
+def _bind(plan: Plan, x) -> None:
+    """Bind the compiled kernel to Triton's launcher with integer arguments."""
+    _, fire = _launcher.bind(plan.compiled, plan.grid)
+    if fire is None:
+        return
+    plan.ints = tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in plan.tail)
+    plan.x_aligned = x.data_ptr() % 16 == 0
+    plan.fire = fire

@@ -46,7 +46,9 @@ _OWN = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # c
 CALLER: list[tuple[str, int] | None] = [None]
 
 # ControlBlock's helpers used here (one class split in two files, so private names):
-# _wait (spin with the timeout), _raw (a peer's published encoding), _compare (raises).
+# _wait (spin with the timeout), _raw (a peer's published encoding), _compare (raises),
+# _lock (one thread inside the agreement). SYNC_HOOK is set by racecheck: calls wait then.
+SYNC_HOOK: list = [None]  # fn(event, rank, seq), "publish" then "join": racecheck's clocks
 
 
 class Ahead:
@@ -56,7 +58,7 @@ class Ahead:
         self.block = block
         self.enabled = enabled
         self.last: bytes | None = None  # this rank's previous call, if it passed
-        # (seq, Signature, raw, call site) published, not yet checked
+        # (seq, Signature, raw, call site, digest) published, not yet checked
         self.pending: deque = deque()
         self.drains: dict[bytes, Callable[[], None]] = {}  # raw -> launch its kernel on zeros
 
@@ -77,10 +79,51 @@ class Ahead:
         # after ring_free: every peer published the calls it checked, so this checks up to
         # n - RING at least, and a peer waiting for our check is never left waiting
         self.poll()
-        b.publish(n, raw, ahead=True)
+        dig = b.publish(n, raw, ahead=True)
         b.seq = n
-        self.pending.append((n, sig, raw, CALLER[0]))
+        self.pending.append((n, sig, raw, CALLER[0], dig))
         return n
+
+    def repeat(self, rec) -> int:
+        """The block's ``agree(rec.sig, rec.raw, ahead=True)`` for a plan's ``Record``: when
+        the call may run ahead (``may_skip``) check what peers published (``poll``, inlined),
+        publish the record (only the seq word when our slot holds it already) and return;
+        else the waiting agreement."""
+        b = self.block
+        if not b._lock.acquire(blocking=False):
+            return b.agree(rec.sig, rec.raw, ahead=True)  # raises the thread refusal
+        try:
+            n = b.seq + 1
+            pending = self.pending
+            skip = (SYNC_HOOK[0] is None and self.enabled and rec.raw == self.last
+                    and len(pending) < b.RING and rec.raw in self.drains and b.ring_free(n))
+            if skip:
+                b.entered += 1
+                words, stride, ring = b.words, b.RING * b.SLOT_WORDS, b.RING
+                while pending:
+                    m, dig = pending[0][0], pending[0][4]
+                    slot = (m % ring) * b.SLOT_WORDS
+                    ready = True
+                    for r in b.peers:
+                        if words[r * stride + slot] < m:
+                            ready = False
+                            break
+                    if not ready:
+                        break
+                    if any(words[r * stride + slot + 2] != dig for r in b.peers):
+                        self.poll()  # checks it in full: raises the mismatch, as peers do
+                        continue
+                    pending.popleft()
+                    words[b.checked_word] = m
+                b.publish_record(n, rec)
+                b.seq = n
+                pending.append((n, rec.sig, rec.raw, CALLER[0], rec.digest))
+        except BaseException:
+            self.last = None
+            raise
+        finally:
+            b._lock.release()
+        return n if skip else b.agree(rec.sig, rec.raw, ahead=True)
 
     def poll(self) -> None:
         """Check the pending calls every peer has published (no waiting)."""
@@ -101,11 +144,11 @@ class Ahead:
             self._check()
 
     def _check(self) -> None:
-        n, sig, raw, site = self.pending.popleft()
+        n, sig, raw, site, dig = self.pending.popleft()
         b = self.block
         b.set_checked(n)
         for r in b.peers:
-            if b._raw(r, n) != raw:
+            if b.digest_of(r, n) != dig:  # 64 bits of the encoding (_control.digest)
                 try:
                     b._compare(n, sig, raw)  # raises the text every rank raises
                 except Exception as e:

@@ -9,6 +9,12 @@ and a collective called on only some ranks ends in a ``CollectiveTimeoutError`` 
 says who is missing and where they are, instead of a silent hang. A member that died
 (``runtime.membership``) ends every wait with ``RankLostError`` at once.
 
+A slot's header is (seq, length, a 64-bit digest of the signature). A call checked
+after it ran ahead (``_ahead``) compares the peers' digests with its own (two different
+signatures pass with probability 2^-64); the full comparison, with its message, runs on
+any difference. A launch plan publishes a fixed ``Record`` (``repeat``): when its slot
+already holds that record, only the seq word is written.
+
 A signature longer than its slot keeps its first bytes (short fields first, so the op,
 dtype and parameters survive a long shape) and ends with a digest of the whole encoding:
 two calls that differ anywhere, even past the slot's end, never publish the same bytes.
@@ -44,23 +50,20 @@ from typing import TYPE_CHECKING
 from commlab import _config
 from commlab._interpreter import liveness
 from commlab.errors import CollectiveTimeoutError, CommlabUsageError, RankMismatchError
-from commlab.runtime._ahead import Ahead
+from commlab.runtime._ahead import SYNC_HOOK, Ahead
 
 if TYPE_CHECKING:
     from commlab.runtime.membership import Membership
 
 SLOT = 256
 RING = 8  # slots per rank: how many calls may be published before peers check them
-_STATE = 64  # per rank, after the slots: the checked word, then NOTES note words
-NOTES = 4
+_STATE, NOTES = 64, 4  # per rank, after the slots: the checked word, then NOTES note words
 _AHEAD_BIT = 1 << 32  # in the length word: published without waiting (see _ahead)
-_HDR = struct.Struct("<qq")  # published seq, signature length
-_SEQ = struct.Struct("<q")
-_LEN = struct.Struct("<q")
+_HDR = struct.Struct("<qqq")  # published seq, signature length, digest of the signature
+_WORD = struct.Struct("<qq")  # length, digest: written together after the body
 _SIG_MAX = SLOT - _HDR.size
 ACTIVE: list = [None]  # the newest ControlBlock: the kernels' watch names absent ranks
 CALL_TIMEOUT: list = [None]  # seconds for the calls in progress (call_timeout), else None
-SYNC_HOOK: list = [None]  # fn(event, rank, seq), "publish" then "join": racecheck's clocks
 _CUT = b"\x1d"  # ends the kept prefix of a long signature; its digest follows
 _DIGEST = 16  # bytes of blake2b, written as hex
 
@@ -99,6 +102,21 @@ class Signature:
         return Signature(op, fields, error, {"cut": "1"} if cut else {})
 
 
+def digest(raw: bytes) -> int:
+    """64 bits of blake2b: what a repeated call's check compares with each peer's."""
+    return int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "little", signed=True)
+
+
+@dataclass(frozen=True, eq=False)
+class Record:
+    """A launch plan's agreement record, made once: the signature, its encoding and digest.
+    Publishing it again writes one 8-byte word when the slot already holds it."""
+
+    sig: Signature
+    raw: bytes
+    digest: int
+
+
 @contextlib.contextmanager
 def call_timeout(seconds: float | None):
     """Every wait of the calls made inside (agreement, kernels' host waits) gives up after
@@ -122,6 +140,7 @@ def _ranks_str(ranks: list[int]) -> str:
 
 class ControlBlock:
     RING = RING
+    SLOT_WORDS = SLOT >> 3
 
     def __init__(self, buf, rank: int, world_size: int, timeout: float):
         self.buf = buf  # mmap of nbytes(world_size)
@@ -136,6 +155,9 @@ class ControlBlock:
         self.ahead = Ahead(self, _config.get("COMMLAB_AGREE_AHEAD"))
         self.entered = 0  # agree() calls begun: a local error before one is published
         self.last_published = 0  # the newest call this rank published
+        self.words = memoryview(buf).cast("q")  # the block as int64 words (seq, checked)
+        self._mine: list = [None] * RING  # the Record each of our slots holds, if any
+        self.checked_word = self._state(rank) >> 3  # our checked word's index in words
         ACTIVE[0] = self
         self.members: Membership | None = None  # the world's members: every wait checks them
 
@@ -151,26 +173,30 @@ class ControlBlock:
 
     def checked(self, rank: int) -> int:
         """The last call ``rank`` finished comparing with every peer's."""
-        return _SEQ.unpack_from(self.buf, self._state(rank))[0]
+        return self.words[self._state(rank) >> 3]
 
     def set_checked(self, n: int) -> None:
-        _SEQ.pack_into(self.buf, self._state(self.rank), n)
+        self.words[self._state(self.rank) >> 3] = n
 
     def set_note(self, value: int, word: int = 0) -> None:
         """Word ``word`` (of NOTES) peers read after this rank's next published call
         (online selection: rank 0's decisions). Written before the publish, so a peer
         that saw the call sees it; a word is written again only once every peer read it
         (``collectives._adapt``)."""
-        _SEQ.pack_into(self.buf, self._state(self.rank) + 8 + 8 * (word % NOTES), value)
+        self.words[(self._state(self.rank) >> 3) + 1 + word % NOTES] = value
 
     def note(self, rank: int, word: int = 0) -> int:
-        return _SEQ.unpack_from(self.buf, self._state(rank) + 8 + 8 * (word % NOTES))[0]
+        return self.words[(self._state(rank) >> 3) + 1 + word % NOTES]
 
     def _published(self, rank: int) -> int:
         return max(_HDR.unpack_from(self.buf, self._slot(rank, s))[0] for s in range(RING))
 
     def published(self, rank: int, seq: int) -> bool:
-        return _SEQ.unpack_from(self.buf, (rank * RING + seq % RING) * SLOT)[0] >= seq
+        return self.words[(rank * RING + seq % RING) * (SLOT >> 3)] >= seq
+
+    def digest_of(self, rank: int, seq: int) -> int:
+        """The digest ``rank`` published with call ``seq``."""
+        return self.words[(rank * RING + seq % RING) * (SLOT >> 3) + 2]
 
     def wait_published(self, rank: int, seq: int, op: str) -> None:
         """Return once ``rank`` has published call ``seq`` (online selection: its note
@@ -185,8 +211,9 @@ class ControlBlock:
 
     def ring_free(self, n: int) -> bool:
         """Whether publishing ``n`` overwrites only slots every peer has checked."""
+        words, base, low = self.words, self.world_size * RING * (SLOT >> 3), n - RING
         for r in self.peers:
-            if self.checked(r) < n - RING:
+            if words[base + r * (_STATE >> 3)] < low:
                 return False
         return True
 
@@ -221,6 +248,16 @@ class ControlBlock:
         finally:
             self._lock.release()
 
+    def record(self, sig: Signature, raw: bytes | None = None) -> Record:
+        """The fixed record ``repeat`` publishes for ``sig`` (made once per launch plan)."""
+        raw = sig.encode() if raw is None else raw
+        return Record(sig, raw, digest(raw))
+
+    def repeat(self, rec: Record) -> int:
+        """``agree(rec.sig, rec.raw, ahead=True)`` for a launch plan's record, in a few
+        Python steps when the call may run ahead (``Ahead.repeat``)."""
+        return self.ahead.repeat(rec)
+
     def settle(self) -> None:
         """Check every call that ran ahead (waits for peers to publish them); raises the
         mismatch one of them had, the same error the peers raise."""
@@ -231,16 +268,33 @@ class ControlBlock:
                 self.ahead.last = None
                 raise
 
-    def publish(self, n: int, raw: bytes, *, ahead: bool = False) -> None:
-        off = self._slot(self.rank, n)
-        buf = self.buf
-        buf[off + _HDR.size : off + _HDR.size + len(raw)] = raw
-        _LEN.pack_into(buf, off + 8, len(raw) | (_AHEAD_BIT if ahead else 0))
-        # publish last, with one aligned 8-byte store: a peer that sees seq n also
-        # sees the body and length written above (x86 keeps stores in order)
-        SYNC_HOOK[0] and SYNC_HOOK[0]("publish", self.rank, n)
-        _SEQ.pack_into(buf, off, n)
+    def publish_record(self, n: int, rec: Record) -> None:
+        """Publish call ``n`` ahead with a plan's record: its body, length and digest only
+        when our slot does not hold them already, then ``n``."""
+        k = n % RING
+        off = (self.rank * RING + k) * SLOT
+        if self._mine[k] is not rec:
+            self._write(off, rec.raw, rec.digest, True)
+            self._mine[k] = rec
+        self.words[off >> 3] = n  # publish: one aligned 8-byte store, after the body
         self.last_published = n
+
+    def _write(self, off: int, raw: bytes, dig: int, ahead: bool) -> None:
+        self.buf[off + _HDR.size : off + _HDR.size + len(raw)] = raw
+        _WORD.pack_into(self.buf, off + 8, len(raw) | (_AHEAD_BIT if ahead else 0), dig)
+
+    def publish(self, n: int, raw: bytes, *, ahead: bool = False) -> int:
+        """Write call ``n``'s signature into our slot, then ``n``; returns its digest."""
+        off = self._slot(self.rank, n)
+        dig = digest(raw)
+        self._write(off, raw, dig, ahead)
+        self._mine[n % RING] = None
+        # publish last, with one aligned 8-byte store: a peer that sees seq n also
+        # sees the body, length and digest written above (x86 keeps stores in order)
+        SYNC_HOOK[0] and SYNC_HOOK[0]("publish", self.rank, n)
+        self.words[off >> 3] = n
+        self.last_published = n
+        return dig
 
     def _agree(self, sig: Signature, raw: bytes) -> int:
         self.ahead.settle()  # every earlier call is checked before this one waits
@@ -252,7 +306,7 @@ class ControlBlock:
             self._wait_all(n, sig)
             SYNC_HOOK[0] and SYNC_HOOK[0]("join", self.rank, n)
         except BaseException:
-            _SEQ.pack_into(self.buf, self._slot(self.rank, n), max(n - RING, 0))  # withdraw
+            self.words[self._slot(self.rank, n) >> 3] = max(n - RING, 0)  # withdraw
             raise
         self.seq = n
         self.set_checked(n)
@@ -387,7 +441,8 @@ class ControlBlock:
     def reset(self) -> None:
         """Forget the sequence (all ranks call this together, e.g. after a recovery)."""
         for s in range(RING):
-            _HDR.pack_into(self.buf, self._slot(self.rank, s), 0, 0)
+            _HDR.pack_into(self.buf, self._slot(self.rank, s), 0, 0, 0)
+        self._mine = [None] * RING
         self.set_checked(0)
         self.ahead.reset()
         self.seq = 0

@@ -92,6 +92,13 @@ class HostsAgreement:
     def settle(self) -> None:
         self.local.settle()
 
+    def record(self, sig: Signature, raw: bytes | None = None):
+        return self.local.record(sig, raw)
+
+    def repeat(self, rec) -> int:
+        """A plan's call: across hosts it waits like any other."""
+        return self.agree(rec.sig, rec.raw)
+
     def reset(self) -> None:
         self.local.reset()
 
