@@ -5,8 +5,13 @@
 #            then a one-rank probe: if a recording kernel cannot run, the later steps
 #            run with COMMLAB_RECORDS=0 and say so
 #   w2, w4   the shared-GPU suite (bench/gpu_shared.sh's steps)
-#   eager    bench/eager_bench.py when it exists (issue 29)
-#   STEPS="w2 w4" bash bench/gpu_session.sh
+#   launch   bench/checks/gpu_eager_launch.py (the eager plan's launcher tiers, issue 29)
+#   eager1   bench/eager_bench.py, a world of one (issue 29's goal table)
+#   eager2   bench/eager_bench.py --ranks 2 (two ranks sharing the GPU)
+#   tbo1 tbo2  bench/checks/gpu_torch_backend_overhead.py, 1 and 2 ranks (issue 29 item 3)
+#   adapt    bench/checks/gpu_adapt_switch.py (algorithm changes between calls, issue 30)
+#   abort    bench/checks/gpu_elastic_abort.py --ranks 2 (the abort word in GPU spins)
+#   STEPS="w2 w4" bash bench/gpu_session.sh   (default: every step; about 15 minutes)
 set -u
 cd "$(dirname "$0")/.."
 OUTDIR=${OUT:-/tmp/commlab-gpu-session}
@@ -14,6 +19,9 @@ source bench/_steps.sh
 gpu_env session.log
 $PY -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/null 2>&1 \
   || echo "could not install commlab (the %%distributed check will fail to load it)"
+step launch "eager plan launcher tiers" 100 $PY bench/checks/gpu_eager_launch.py \
+  --out "$OUTDIR/h200-eager-launch-check.json"
+step eager1 "eager per-call times, one rank" 220 $PY bench/eager_bench.py --out "$OUTDIR"
 step records "call records and online selection" 150 $PY bench/checks/gpu_records_adapt.py \
   --out "$OUTDIR/gpu-records-adapt.json"
 # a world of one with records on: if its kernels cannot run, the suites go without records
@@ -26,8 +34,15 @@ step w2 "suite, 2 ranks" 170 $PY bench/checks/gpu_shared_suite.py --ranks 2 --ti
   --out "$OUTDIR/gpu-shared-w2.json"
 step w4 "suite, 4 ranks" 200 $PY bench/checks/gpu_shared_suite.py --ranks 4 --timeout 180 \
   --out "$OUTDIR/gpu-shared-w4.json"
-if [ -f bench/eager_bench.py ]; then
-  step eager "eager per-call times" 280 $PY bench/eager_bench.py --out "$OUTDIR"
-fi
+step tbo1 "torch backend per call, one rank" 60 $PY bench/checks/gpu_torch_backend_overhead.py \
+  --ranks 1 --out "$OUTDIR/torch-backend-overhead-gpu-w1.json"
+step tbo2 "torch backend per call, 2 ranks" 90 $PY bench/checks/gpu_torch_backend_overhead.py \
+  --ranks 2 --out "$OUTDIR/torch-backend-overhead-gpu-w2.json"
+step eager2 "eager per-call times, 2 ranks sharing the GPU" 120 $PY bench/eager_bench.py \
+  --ranks 2 --out "$OUTDIR"
+step adapt "algorithm changes between calls" 150 $PY bench/checks/gpu_adapt_switch.py \
+  --out "$OUTDIR/gpu-adapt-switch.json"
+step abort "a rank lost while the others spin" 120 $PY bench/checks/gpu_elastic_abort.py \
+  --ranks 2 --out "$OUTDIR/gpu-elastic-abort-w2.json"
 echo "gpu_session: $([ $status -eq 0 ] && echo all steps passed || echo SOME STEPS FAILED)"
 exit $status
