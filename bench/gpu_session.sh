@@ -11,6 +11,8 @@
 #   tbo1 tbo2  bench/checks/gpu_torch_backend_overhead.py, 1 and 2 ranks (issue 29 item 3)
 #   adapt    bench/checks/gpu_adapt_switch.py (algorithm changes between calls, issue 30)
 #   abort    bench/checks/gpu_elastic_abort.py --ranks 2 (the abort word in GPU spins)
+#   adaptb   bench/adapt_bench.py --backend cuda --ranks 2 (online selection while
+#            conditions change, issue 30 item 3)
 #   STEPS="w2 w4" bash bench/gpu_session.sh   (default: every step; about 15 minutes)
 set -u
 cd "$(dirname "$0")/.."
@@ -44,5 +46,7 @@ step adapt "algorithm changes between calls" 150 $PY bench/checks/gpu_adapt_swit
   --out "$OUTDIR/gpu-adapt-switch.json"
 step abort "a rank lost while the others spin" 120 $PY bench/checks/gpu_elastic_abort.py \
   --ranks 2 --out "$OUTDIR/gpu-elastic-abort-w2.json"
+step adaptb "online selection while conditions change, 2 ranks" 200 $PY bench/adapt_bench.py \
+  --backend cuda --ranks 2 --out "$OUTDIR/adapt-cuda-w2.json"
 echo "gpu_session: $([ $status -eq 0 ] && echo all steps passed || echo SOME STEPS FAILED)"
 exit $status

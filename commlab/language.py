@@ -93,10 +93,12 @@ def symm_at(ptr, peer, ctx):
 
 
 @triton.jit
-def notify(ptr, peer, ctx, value, sig_op: tl.constexpr = "set"):
+def notify(ptr, peer, ctx, value, sig_op: tl.constexpr = tl.constexpr("set")):
     """Signal ``peer``: write (``set``) or add (``add``) ``value`` to the int32 at the
     symmetric location ``ptr`` on ``peer``. Release, system scope: every store this
-    block made before the call is visible to ``peer`` once it sees the signal."""
+    block made before the call is visible to ``peer`` once it sees the signal.
+    (The default is a constexpr object: Triton 3.6 turns a plain string default of a
+    called jit function into a runtime argument and fails to compile it.)"""
     tl.static_assert(sig_op == "set" or sig_op == "add", "notify: sig_op must be 'set' or 'add'")
     tl.debug_barrier()  # all threads' stores precede the release
     remote = symm_at(ptr, peer, ctx)

@@ -66,7 +66,7 @@ def run(coll: Collective, x, algorithm: str = "auto", *params, out=None) -> torc
     asked = algorithm
     online: dict = {}
     fence = False
-    if algorithm == "auto":  # online selection: the algorithm every rank runs this call
+    if algorithm == "auto" and _adapt.on(comm):  # online selection: every rank runs this
         picked, fence = _adapt.pick(comm, coll.name, x, tuple(coll.bodies))
         if picked is not None:
             algorithm, online = picked, {"online": picked}

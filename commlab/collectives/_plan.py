@@ -31,6 +31,11 @@ from commlab.collectives._common import traced
 from commlab.collectives._outputs import Outputs
 from commlab.runtime import records as _records
 from commlab.runtime._control import Record, Signature
+from commlab.trace import needed as _tracing
+
+_raw_stream = _launcher.raw_stream
+_is_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", lambda: False)  # CPU builds
+_LAUNCHES = _records.LAUNCHES
 
 
 @dataclass
@@ -50,6 +55,8 @@ class Plan:
     ints: tuple = ()  # ``tail`` with tensors as their addresses (kept alive by ``tail``)
     device: int = -1  # CUDA device index (raw stream), -1 on CPU
     x_aligned: bool = True  # compiled for a 16-byte aligned input
+    book: _records.Book | None = None  # the communicator's call records (None: off)
+    dtype: str = ""  # the input's dtype as call records name it
 
 
 def fast_call(comm, key: tuple, x, out=None) -> torch.Tensor | None:
@@ -68,25 +75,24 @@ def fast_call(comm, key: tuple, x, out=None) -> torch.Tensor | None:
         with traced(plan.sig.op, plan.nbytes, plan.algorithm, comm.device, x, comm):
             _launch(plan, x, out)
         return out
-    stream = _launcher.raw_stream(plan.device)
+    stream = _raw_stream(plan.device)
     if out is None:
-        out = plan.outputs.take(x, stream, _capturing())
-    elif out.data_ptr() % 16:
+        out = plan.outputs.take(x, stream, _is_capturing())
+    xp, op = x.data_ptr(), out.data_ptr()
+    # the kernel as built (aligned input and output), no launch hook, no trace or profiler
+    if (plan.fire is None or (plan.x_aligned and xp % 16) or op % 16 or _launcher.hooked()
+            or _tracing()):
         with traced(plan.sig.op, plan.nbytes, plan.algorithm, comm.device, x, comm):
-            _launch(plan, x, out)  # the caller's output is not what the kernel was built for
-        return out
-    with traced(plan.sig.op, plan.nbytes, plan.algorithm, comm.device, x, comm):
-        xp = x.data_ptr()
-        if plan.fire is None or (plan.x_aligned and xp % 16) or _launcher.hooked():
             _launch(plan, x, out)
-        else:
-            plan.fire(stream, xp, out.data_ptr(), *plan.ints)
-            _records.LAUNCHES[0] += 1  # _records.launched(): the plan's kernel writes a record
+        return out
+    # traced() inlined: no trace, no profiler; the kernel opens one call record
+    plan.fire(stream, xp, op, *plan.ints)
+    k1 = _LAUNCHES[0] = _LAUNCHES[0] + 1
+    book = plan.book
+    if book is not None:
+        k1 -= book._base
+        book.note(k1 - 1, k1, plan.sig.op, plan.algorithm, plan.nbytes, plan.dtype)
     return out
-
-
-def _capturing() -> bool:
-    return torch._C._cuda_isCurrentStreamCapturing()
 
 
 def _launch(plan: Plan, x: torch.Tensor, out: torch.Tensor) -> None:
@@ -123,6 +129,8 @@ def remember(comm, key: tuple | None, call, *, algorithm: str, nbytes: int, laun
                 record=comm.control.record(call.sig, raw), outputs=Outputs(make_out))
     if comm.backend == "cuda":
         plan.device = comm.device.index if comm.device.index is not None else 0
+        plan.book = _records.book(comm)
+        plan.dtype = str(key[2]).replace("torch.", "")
         if compiled is not None:
             _bind(plan, x)
     comm.plans[key] = plan

@@ -154,6 +154,7 @@ class Communicator:
         lay = self.heap.layout
         self.heap.region(lay.signal_pad, SIGNAL_PAD_BYTES + FLAGS_BYTES, torch.uint8).zero_()
         self.records = None  # the call records were zeroed with the flags
+        self.plans.clear()  # they hold the old Book (remade at the next call)
         self.control.reset()
         self._device_sync()
         dist.barrier(group=self.cpu_group)

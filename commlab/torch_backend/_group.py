@@ -158,16 +158,17 @@ class CommlabProcessGroup(dist.ProcessGroup):
 
     def _done(self, result, comm, opts):
         """The Work of a call that ran on commlab's kernels (and its profiler event). A
-        blocking call on the CPU backend (``opts.asyncOp`` False: torch only calls its
-        ``wait()``, and the kernels have finished) gets the one shared finished Work."""
+        blocking call (``opts.asyncOp`` False: torch only calls its ``wait()``, and the
+        kernels have finished or are queued on the caller's stream) gets the one shared
+        finished Work."""
         call = _CALL.call
         if call is not None:
             ROUTES[call[4]] += 1
             if call[5]:
                 _, event, inputs, args = call[:4]
                 _profile.record(f"commlab:{event}", _flat(inputs(args)))
-        if opts is not None and not opts.asyncOp and comm.backend == "cpu":
-            return FINISHED  # CUDA: once bench/checks/gpu_torch_backend_overhead.py passed
+        if opts is not None and not opts.asyncOp:
+            return FINISHED  # the kernels are on the caller's stream: nothing to wait for
         return completed(result, comm.device)
 
     def _fb(self, *tensors):

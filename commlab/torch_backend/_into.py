@@ -3,9 +3,9 @@
 torch's collectives name their output (``all_gather_into_tensor(out, inp)``, ...), so the
 backend hands that tensor to the collective's kernels as their output whenever they may
 write it directly: the output is contiguous and its memory is apart from the input's
-(an input that is a slice of the output, as FSDP passes, takes the copying path).
-Used on the CPU backend only until ``bench/checks/gpu_torch_backend_overhead.py`` has
-run on a GPU. All-reduce and broadcast run in place: their kernels and host twins
+(an input that is a slice of the output, as FSDP passes, takes the copying path),
+on the CPU backend and on GPUs (``bench/checks/gpu_torch_backend_overhead.py`` checks
+every op against gloo there). All-reduce and broadcast run in place: their kernels and host twins
 read every input element before writing that element of the output (two-shot's and
 one-shot's pushes precede their writes; ring stages the input; the host twins' reduction
 takes a temporary when the output is a later operand). Each runner publishes a local
@@ -35,7 +35,7 @@ def writable(out: torch.Tensor, inp: torch.Tensor) -> bool:
 
 @publishes_local_errors("all_reduce")
 def all_reduce_(x: torch.Tensor, op: str, algorithm: str) -> torch.Tensor:
-    """The reduction of every rank's ``x`` into ``x`` (CPU backend)."""
+    """The reduction of every rank's ``x`` into ``x``."""
     return run(ALL_REDUCE, x, algorithm, op, out=x)
 
 
@@ -59,5 +59,5 @@ def all_to_all(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
 
 @publishes_local_errors("broadcast")
 def broadcast_(x: torch.Tensor, src: int) -> torch.Tensor:
-    """``src``'s ``x`` into ``x`` on every rank (CPU backend)."""
+    """``src``'s ``x`` into ``x`` on every rank."""
     return run(BROADCAST, x, "auto", src, out=x)

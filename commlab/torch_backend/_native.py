@@ -64,12 +64,12 @@ def exchange_rows(comm, t: torch.Tensor) -> torch.Tensor:
 
 
 def all_reduce_(comm, t: torch.Tensor, name: str, algorithm: str = "auto") -> None:
-    if name == "sum" and comm.backend == "cpu" and t.dtype in NATIVE and t.is_contiguous():
+    if name == "sum" and t.dtype in NATIVE and t.is_contiguous():
         _into.all_reduce_(t, "sum", algorithm)  # the common call: reduced into t
         return
     if in_kernel(name, t.dtype):
         kernel_op = "sum" if name == "avg" else name
-        if comm.backend == "cpu" and t.is_contiguous():
+        if t.is_contiguous():
             y = _into.all_reduce_(t, kernel_op, algorithm)
         else:
             y = all_reduce(t, op=kernel_op, algorithm=algorithm)
@@ -87,7 +87,7 @@ def broadcast_(comm, t: torch.Tensor, src: int) -> None:
     if not native:
         agree(comm, "dist.broadcast", dtype=_dt(t.dtype), shape=tuple(t.shape), src=src)
     if native:
-        if comm.backend == "cpu" and t.is_contiguous():
+        if t.is_contiguous():
             _into.broadcast_(t, src)
             return
         y = broadcast(t, src=src)
@@ -117,14 +117,14 @@ def _sizes(op: str, W: int, out: torch.Tensor, inp: torch.Tensor, whole: str) ->
 def all_gather_into_(comm, out: torch.Tensor, inp: torch.Tensor) -> None:
     W, n, dtype = comm.world_size, inp.numel(), inp.dtype
     if (dtype in NATIVE and out.dtype == dtype and out.numel() == W * n
-            and comm.backend == "cpu" and _into.writable(out, inp)):
+            and _into.writable(out, inp)):
         _into.all_gather(inp.reshape(1, n), out.view(W, n))  # the common call
         return
     err = _sizes("all_gather_into_tensor", W, out, inp, whole="output")
     check(comm, "all_gather", err)
     if inp.dtype not in NATIVE:
         agree(comm, "dist.all_gather", dtype=_dt(inp.dtype), shape=tuple(inp.shape))
-    elif comm.backend == "cpu" and _into.writable(out, inp):
+    elif _into.writable(out, inp):
         _into.all_gather(inp.reshape(1, -1), out.view(comm.world_size, inp.numel()))
         return
     out.copy_(gather_rows(comm, inp).view(out.shape))
@@ -149,7 +149,7 @@ def all_gather_list_(comm, outs: list, inp: torch.Tensor) -> None:
 def reduce_scatter_into_(comm, out: torch.Tensor, inp: torch.Tensor, name: str) -> None:
     W, k, dtype = comm.world_size, out.numel(), out.dtype
     if (name == "sum" and dtype in NATIVE and inp.dtype == dtype and inp.numel() == W * k
-            and comm.backend == "cpu" and _into.writable(out, inp)):
+            and _into.writable(out, inp)):
         _into.reduce_scatter(inp.reshape(W, k), "sum", out.view(1, k))  # the common call
         return
     err = _sizes("reduce_scatter_tensor", W, out, inp, whole="input")
@@ -160,7 +160,7 @@ def reduce_scatter_into_(comm, out: torch.Tensor, inp: torch.Tensor, name: str) 
         out.copy_(reduce_rows(exchange_rows(comm, inp), name).view(out.shape))
         return
     kernel_op = "sum" if name == "avg" else name
-    if comm.backend == "cpu" and _into.writable(out, inp):
+    if _into.writable(out, inp):
         y = _into.reduce_scatter(inp.reshape(W, -1), kernel_op, out.view(1, out.numel()))
     else:
         y = reduce_scatter(inp.reshape(W, -1), op=kernel_op)
@@ -173,7 +173,7 @@ def reduce_scatter_into_(comm, out: torch.Tensor, inp: torch.Tensor, name: str) 
 def all_to_all_even_(comm, out: torch.Tensor, inp: torch.Tensor) -> None:
     W, n, dtype = comm.world_size, inp.numel(), inp.dtype
     if (dtype in NATIVE and out.dtype == dtype and out.numel() == n and n % W == 0
-            and comm.backend == "cpu" and _into.writable(out, inp)):
+            and _into.writable(out, inp)):
         _into.all_to_all(inp.reshape(W, n // W), out.view(W, n // W))  # the common call
         return
     err = ""
@@ -184,7 +184,7 @@ def all_to_all_even_(comm, out: torch.Tensor, inp: torch.Tensor) -> None:
     check(comm, "all_to_all", err)
     if inp.dtype not in NATIVE:
         agree(comm, "dist.all_to_all", dtype=_dt(inp.dtype), shape=tuple(inp.shape))
-    elif comm.backend == "cpu" and _into.writable(out, inp):
+    elif _into.writable(out, inp):
         _into.all_to_all(inp.reshape(W, -1), out.view(W, inp.numel() // W))
         return
     out.copy_(exchange_rows(comm, inp).view(out.shape))

@@ -7,7 +7,7 @@ made once; a sync ``dist.*`` call only calls ``wait()``. On CUDA the Work's Futu
 an event on the current stream when the call returns, so ``wait()`` and ``get_future()``
 callbacks order later work after the kernels exactly as NCCL's Work does. A blocking
 ``dist.*`` call (``async_op=False``) only waits on its Work, so it gets ``FINISHED``, one
-shared finished Work, on the CPU backend (CUDA too once a GPU check has run it).
+shared finished Work (on CUDA the kernels are already ordered on the caller's stream).
 """
 
 from __future__ import annotations
