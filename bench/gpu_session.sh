@@ -39,7 +39,7 @@ step w4 "suite, 4 ranks" 200 $PY bench/checks/gpu_shared_suite.py --ranks 4 --ti
 step tbo1 "torch backend per call, one rank" 60 $PY bench/checks/gpu_torch_backend_overhead.py \
   --ranks 1 --out "$OUTDIR/torch-backend-overhead-gpu-w1.json"
 step tbo2 "torch backend per call, 2 ranks" 90 $PY bench/checks/gpu_torch_backend_overhead.py \
-  --ranks 2 --out "$OUTDIR/torch-backend-overhead-gpu-w2.json"
+  --ranks 2 --iters 10 --reps 5 --out "$OUTDIR/torch-backend-overhead-gpu-w2.json"
 step eager2 "eager per-call times, 2 ranks sharing the GPU" 120 $PY bench/eager_bench.py \
   --ranks 2 --out "$OUTDIR"
 step adapt "algorithm changes between calls" 150 $PY bench/checks/gpu_adapt_switch.py \

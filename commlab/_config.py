@@ -34,8 +34,9 @@ def _flag(value: str) -> bool:
     return value.strip().lower() not in ("0", "false", "off", "no", "")
 
 
-def _adapt_mode(value: str) -> bool | str:
-    """COMMLAB_ADAPT: "cpu" (the CPU backend only), else a flag (every backend or none)."""
+def _cpu_or_flag(value: str) -> bool | str:
+    """COMMLAB_ADAPT, COMMLAB_RECORDS: "cpu" (the CPU backend only), else a flag (every
+    backend or none)."""
     return "cpu" if value.strip().lower() == "cpu" else _flag(value)
 
 
@@ -95,20 +96,23 @@ VARS: dict[str, Var] = {v.name: v for v in (
     Var("COMMLAB_FAST_LAUNCH", "1", _flag,
         "`0` turns the cached launch plans off (every call goes through `kernel[grid]`)",
         "commlab.collectives", at_import=True),
-    Var("COMMLAB_RECORDS", "1", _flag,
-        "`0`: collective kernels write no call records (entry, arrival, end per rank; "
-        "read at `import commlab`); online selection and the straggler view need them",
+    Var("COMMLAB_RECORDS", "cpu", _cpu_or_flag,
+        "`cpu`: collective kernels write call records (entry, arrival, end per rank) on the "
+        "CPU backend; `1`: on GPUs too (they cost 0.5 us of a 1.9 us graph-mode call on one "
+        "H200: `bench/results/gpu-records-adapt.json`); `0`: nowhere. Read at `import "
+        "commlab`; online selection and the straggler view need them",
         "commlab.language", at_import=True),
     Var("COMMLAB_GPU_ABORT", "0", _flag,
         "`1`: GPU spins (`cl.wait(.., ctx)`, `cl.barrier`, the collectives') look at the "
         "host's abort word every 1024 spins and return when a rank is lost (read at "
         "`import commlab`; off until `bench/checks/gpu_elastic_abort.py` passes on a GPU)",
         "commlab.language", at_import=True),
-    Var("COMMLAB_ADAPT", "cpu", _adapt_mode,
+    Var("COMMLAB_ADAPT", "cpu", _cpu_or_flag,
         "`cpu`: `algorithm=\"auto\"` also measures every call and adapts online on the CPU "
-        "backend (on GPUs once `bench/checks/gpu_adapt_switch.py` has run there); `1`: on "
-        "every backend; `0`: the tuning table (or the defaults) alone, deterministically (the "
-        "test suite sets it: `tests/conftest.py`)",
+        "backend; `1`: on every backend (GPUs need `COMMLAB_RECORDS=1` too; checked on one "
+        "H200 by `bench/checks/gpu_adapt_switch.py` and `bench/adapt_bench.py`); `0`: the tuning "
+        "table (or the defaults) alone, deterministically (the test suite sets it: "
+        "`tests/conftest.py`)",
         "commlab.collectives"),
     Var("COMMLAB_ROUNDS", None, int,
         "forces the pipeline depth of the collectives (tests use it to exercise the "

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from commlab import _config
+from commlab import _config, _interpreter
 from commlab.runtime.heap import RECORD_OFFSET, RECORD_RING, RECORD_STAMPS
 
 LAUNCHES = [0]  # recording kernel launches this process made (GPU: which record is whose)
@@ -41,7 +41,9 @@ BUS = {"all_reduce": lambda w: 2 * (w - 1) / w, "all_gather": lambda w: (w - 1) 
        "broadcast": lambda w: 1.0}
 
 
-_ENABLED = bool(_config.get("COMMLAB_RECORDS"))  # read at import, as the kernels' switch
+_MODE = _config.get("COMMLAB_RECORDS")  # True, False or "cpu"; read at import
+# the kernels' switch (commlab.language.RECORDS): "cpu" records in the interpreter only
+_ENABLED = _MODE is True or _MODE == "cpu" and _interpreter.interpreting()
 
 
 def enabled() -> bool:
