@@ -142,7 +142,8 @@ def main(argv=None) -> int:
         fails += not ok
         print(("PASS " if ok else "FAIL ") + text, flush=True)
 
-    r = run_world(_records, 2, backend="cuda", timeout=600, env={"COMMLAB_ADAPT": "0"})
+    r = run_world(_records, 2, backend="cuda", timeout=600,
+                  env={"COMMLAB_RECORDS": "1", "COMMLAB_ADAPT": "0"})  # GPUs default to off
     rec["records"] = r
     r0 = r[0]
     named = r0["n"] and sum(v == 1 for v in r0["last"]) >= 0.8 * r0["n"]
@@ -163,7 +164,8 @@ def main(argv=None) -> int:
         rec[f"cost_{k}"] = cost
         say(cost <= 0.02, f"records cost {k}: off {off:.2f} us, on {on_:.2f} us ({cost:+.1%})")
 
-    ok = run_world(_capture, 2, backend="cuda", timeout=600, env={"COMMLAB_ADAPT": "1"})
+    ok = run_world(_capture, 2, backend="cuda", timeout=600,
+                   env={"COMMLAB_RECORDS": "1", "COMMLAB_ADAPT": "1"})
     rec["capture"] = ok
     say(all(ok), "capture of an adaptive auto call replays the right sum (stderr says "
                  "'CUDA-graph capture froze all_reduce's online choice')")
