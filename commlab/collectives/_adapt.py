@@ -38,7 +38,7 @@ trailing barrier" arguments hold between calls of one algorithm only, so a call 
 runs another algorithm than the previous one must not run ahead as its repeat (it waits;
 on CUDA the devices also meet first: ``fence``). A CUDA-graph capture freezes the key's
 current choice (a replay cannot re-choose) and says so once. Default ``COMMLAB_ADAPT=cpu``
-(the CPU backend; GPUs once the fence is checked on one); ``COMMLAB_ADAPT=0``: ``auto`` is
+(the CPU backend; GPUs with ``COMMLAB_RECORDS=1 COMMLAB_ADAPT=1``); ``COMMLAB_ADAPT=0``: ``auto`` is
 the table's choice, deterministically.
 """
 
