@@ -33,7 +33,7 @@ from commlab._interpreter.host import host_wait as _host_wait
 from commlab._interpreter.host import host_wait_begin as _host_wait_begin
 from commlab._interpreter.host import host_yield as _host_yield
 from commlab.runtime import heap as _heap
-from commlab.runtime import records as _records
+from commlab.runtime import records as _call_records
 from commlab.runtime import wait_records as _wait_records
 
 INTERPRET = tl.constexpr(_interpreter.interpreting())
@@ -43,7 +43,7 @@ WAIT_SLOTS = tl.constexpr(_wait_records.SLOTS)  # programs with a wait record (G
 ABORT_WORD = tl.constexpr(_wait_records.ABORT)  # the host's abort word in the records
 CHECK_EVERY = tl.constexpr(_wait_records.CHECK_EVERY)  # spins between two looks at it
 ABORT_CHECK = tl.constexpr(_config.get("COMMLAB_GPU_ABORT"))  # GPU spins look at it at all
-RECORDS = tl.constexpr(_records.enabled())  # call records (COMMLAB_RECORDS, read at import)
+RECORDS = tl.constexpr(_call_records.enabled())  # call records (COMMLAB_RECORDS, read at import)
 _REC_OFFSET = tl.constexpr(_heap.RECORD_OFFSET)  # bytes from the flag area to the records
 _REC_RING = tl.constexpr(_heap.RECORD_RING)
 _REC_STAMPS = tl.constexpr(_heap.RECORD_STAMPS)
