@@ -215,7 +215,8 @@ def test_keys_called_in_turn_each_take_rank_zeros_decisions(world):
     # With one note word the second key found the first's word not yet read by the peer
     # (it reads it at that very call) and skipped its decision, every period.
     res = world(_two_sizes_in_turn, 2, 160, env={"COMMLAB_ADAPT": "1"}, timeout=400)
-    assert res[0] == res[1] == [(160, 3), (160, 3)], res  # decisions at calls 50, 100, 150
+    # decisions after the probe (calls 4, 6, 9) and at calls 50, 100, 150
+    assert res[0] == res[1] == [(160, 6), (160, 6)], res
 
 
 def _adapt_off(comm):
@@ -325,3 +326,25 @@ def test_rank_zeros_decision_word_round_trips():
         v = _adapt._encode(tag, call, cur, explore, burst)
         assert 0 <= v < 2**63  # one signed 64-bit word of the control block
         assert _adapt._decode(v) == (tag % 2**16, call % 2**32, cur, explore, burst)
+
+
+def test_a_wrong_tables_choice_is_left_right_after_the_probe_not_at_the_periods_end():
+    from collections import deque
+
+    from commlab.collectives import _adapt
+
+    def probed(ring_ns):
+        k = _adapt._Key(("one_shot", "two_shot", "ring"), "ring", "ring", tag=1)
+        k.calls = len(k.algorithms) + 1  # the call after the probe: rank 0's first decision
+        for i, (a, ns) in enumerate((("one_shot", 900_000), ("two_shot", 3_000_000),
+                                     ("ring", ring_ns))):
+            k.samples[a] = deque([(i + 1, i + 1, ns)])
+        return k
+
+    k = probed(40_000_000)  # ring's one call took 44x one-shot's
+    assert _adapt._after_probe(k)[:2] == ("one_shot", False)
+    # two-shot's one call was 3.3x one-shot's: a rough guide, so the burst still measures it
+    k.current, k.calls = "one_shot", _adapt.PERIOD
+    assert _adapt._burst(k, "one_shot") == ("one_shot", "two_shot")
+    # ring only 3x slower than the best probed: no switch on one call each
+    assert _adapt._after_probe(probed(2_700_000)) == ("ring", False, "")

@@ -3,9 +3,12 @@
 Per key (op, size bucket = a power of two, dtype, world size, world generation):
 
     current = the tuning table's choice (or the defaults)        # _select.choose
-    first PERIOD calls: one call of every algorithm (a probe), then `current`; the
+    first PERIOD calls: one call of every algorithm (a probe); right after it (at
+      PROBE_DECISIONS, once the probe's records are complete) rank 0 switches to the
+      fastest probed one if `current` was HOPELESS**2 slower than it (a wrong table
+      must not run for the rest of the period); then `current`; the
       next period measures `current` and the contenders the probe found within
-      HOPELESS of it, BURST calls each (a burst)
+      HOPELESS**2 of it (one call each is a rough guide), BURST calls each (a burst)
     every PERIOD-th call: rank 0 decides from the call records (wire time, median of
       each algorithm's samples since the previous decision):
         another algorithm >= SWITCH faster than     -> it becomes `current`
@@ -57,6 +60,9 @@ from commlab.runtime import records as _records
 from commlab.runtime._control import NOTES, ControlBlock
 
 PERIOD = 50  # calls between decisions
+# calls after a new key's probe at which rank 0 may leave `current`: a peer may still be
+# finishing the probe's last call (its record incomplete) at the first
+PROBE_DECISIONS = (1, 3, 6)
 BURST = 4  # calls per algorithm in a burst period
 RUN = 3  # calls of one contender per steady exploration (enough for a median)
 WINDOW = 9  # samples per algorithm in a median
@@ -201,7 +207,7 @@ def _next(comm, note: _Note, key: tuple, k: _Key) -> str:
     k.calls += 1
     slot = k.calls % PERIOD
     alg = k.current
-    if slot == 0:
+    if slot == 0 or k.calls - len(k.algorithms) in PROBE_DECISIONS:  # a period's end, the probe's
         word = note.decisions % NOTES
         note.decisions += 1
         note.pending = (comm.control.seq + 1, key, k.calls, word,
@@ -247,7 +253,7 @@ def _decide(comm, note: _Note, k: _Key, word: int) -> tuple | None:
     if seen and not all(ctl.published(r, seen) for r in ctl.peers):
         return None
     feed(comm)
-    cur, burst, why = _judge(k)
+    cur, burst, why = _judge(k) if k.calls % PERIOD == 0 else _after_probe(k)
     if why:
         k.history.append((k.calls, cur, why))
     explore = "" if burst else _explore(k, cur)
@@ -330,8 +336,8 @@ def _judge(k: _Key) -> tuple[str, bool, str]:
         k.ratio = {a: r / best_r for a, r in k.ratio.items()}
         return best, probe, f"{best} {1 / best_r:.2f}x faster than {k.current}"
     if probe:
-        near = [a for a in k.algorithms if a != k.current and k.ratio.get(a, 1.0) <= HOPELESS]
-        return k.current, bool(near), f"probe: {', '.join(near)} within {HOPELESS:g}x" * bool(near)
+        near = [a for a in k.algorithms if a != k.current and k.ratio.get(a, 1.0) <= HOPELESS ** 2]
+        return k.current, bool(near), f"probe: {', '.join(near)} within {HOPELESS ** 2:g}x" * bool(near)
     if not k.chosen_median:
         k.chosen_median = cur
     drift = abs(cur - k.chosen_median) / k.chosen_median
@@ -344,10 +350,24 @@ def _judge(k: _Key) -> tuple[str, bool, str]:
     return k.current, False, ""
 
 
+def _after_probe(k: _Key) -> tuple[str, bool, str]:
+    """(current, burst, why) right after a new key's probe (rank 0): the fastest probed
+    algorithm when `current`'s one call took HOPELESS**2 times as long (no burst: the
+    period's end brings it)."""
+    one = {a: statistics.median(w for _, w in s) for a in k.algorithms if (s := _fresh(k, a))}
+    best = min(one, key=one.__getitem__, default=k.current)
+    if k.current not in one or one[best] * HOPELESS ** 2 > one[k.current]:
+        return k.current, False, ""
+    k.ratio = {a: t / one[best] for a, t in one.items()}
+    return best, False, f"{best} {one[k.current] / one[best]:.2f}x faster than {k.current} (probe)"
+
+
 def _burst(k: _Key, cur: str) -> tuple[str, ...]:
     """A burst (after the probe or a drift): the current algorithm and its contenders
-    (not the HOPELESS)."""
-    return tuple(a for a in k.algorithms if a == cur or k.ratio.get(a, 1.0) <= HOPELESS)
+    (not the HOPELESS; after the probe, whose one call each is a rough guide, not those
+    HOPELESS**2 slower)."""
+    limit = HOPELESS ** 2 if k.calls <= PERIOD else HOPELESS
+    return tuple(a for a in k.algorithms if a == cur or k.ratio.get(a, 1.0) <= limit)
 
 
 def _explore(k: _Key, cur: str) -> str:
