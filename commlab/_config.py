@@ -96,6 +96,13 @@ VARS: dict[str, Var] = {v.name: v for v in (
     Var("COMMLAB_FAST_LAUNCH", "1", _flag,
         "`0` turns the cached launch plans off (every call goes through `kernel[grid]`)",
         "commlab.collectives", at_import=True),
+    Var("COMMLAB_NATIVE", "1", _flag,
+        "`0` keeps repeated calls on the Python launch plan instead of its C twin "
+        "(`runtime/_fastcall.c`, compiled on first use with the C compiler Triton uses)",
+        "commlab.runtime"),
+    Var("COMMLAB_NATIVE_DIR", None, str,
+        "where the compiled C fast path is kept (default `$XDG_CACHE_HOME/commlab/native`, "
+        "`~/.cache` without it)", "commlab.runtime"),
     Var("COMMLAB_RECORDS", "cpu", _cpu_or_flag,
         "`cpu`: collective kernels write call records (entry, arrival, end per rank) on the "
         "CPU backend; `1`: on GPUs too (they cost 0.5 us of a 1.9 us graph-mode call on one "

@@ -66,14 +66,15 @@ def run(coll: Collective, x, algorithm: str = "auto", *params, out=None) -> torc
     asked = algorithm
     online: dict = {}
     fence = False
-    if algorithm == "auto" and _adapt.on(comm):  # online selection: every rank runs this
+    adapting = algorithm == "auto" and _adapt.on(comm)
+    if adapting:  # online selection: every rank runs this
         picked, fence = _adapt.pick(comm, coll.name, x, tuple(coll.bodies))
         if picked is not None:
             algorithm, online = picked, {"online": picked}
     if isinstance(x, torch.Tensor):
         key = (coll.name, x.shape, x.dtype, x.device, *params, algorithm)
         if not (fence or coll.capture_choice and capturing_auto(comm, algorithm)):
-            y = fast_call(comm, key, x, out)
+            y = fast_call(comm, key, x, out, dispatch=not adapting)
             if y is not None:
                 return y
     fields = dict(zip(coll.params, params, strict=True))
@@ -100,5 +101,5 @@ def run(coll: Collective, x, algorithm: str = "auto", *params, out=None) -> torc
         body(comm, x.view(-1), out.view(-1), *args, launched)
     remember(comm, key, call, algorithm=algorithm, nbytes=nbytes, launched=launched,
              make_out=make_out, slow=lambda a, b: body(comm, a.view(-1), b.view(-1), *args),
-             x=x, out=out)
+             x=x, out=out, capture_choice=coll.capture_choice)
     return out

@@ -15,7 +15,10 @@ H200 (triton 3.6): ``kernel[grid]`` 11.0 us, ``CompiledKernel.run`` with integer
 - "run": ``CompiledKernel.run(grid, stream, function, metadata, None, None, None, *args)``,
   the launcher's stable Python signature (triton 3.2 to 3.9);
 
-and None when neither shape is recognised (the caller keeps ``kernel[grid]``). While a
+and None when neither shape is recognised (the caller keeps ``kernel[grid]``). ``fire.parts``
+is (launcher, before, middle, after): ``fire(stream, *args)`` calls
+``launcher(*before, stream, *middle, *args, *after)`` (the C fast path builds that tuple
+itself), or None when the launcher takes the arguments as one tuple. While a
 launch hook is installed (Proton, ``knobs.runtime.launch_enter_hook``) callers must use
 the ordinary path: ``hooked()`` says so.
 """
@@ -160,10 +163,14 @@ def _c_fire(runner, template: list, grid: tuple, function: int, meta,
     if template[i_args][1]:  # *args
         def fire(stream, *args):
             launch(*before, stream, *middle, *extra, *args, *after)
+
+        fire.parts = (launch, before, middle + extra, after)  # type: ignore[attr-defined]
     else:  # kernel_args: the tuple of kernel arguments
 
         def fire(stream, *args):
             launch(*before, stream, *middle, args, *after)
+
+        fire.parts = None  # type: ignore[attr-defined]
     return fire
 
 
@@ -193,6 +200,8 @@ def bind(compiled, grid: tuple) -> tuple[str, Callable | None]:
 
     def fire_run(stream, *args):
         runner(gx, gy, gz, stream, function, meta, None, None, None, *args)
+
+    fire_run.parts = (runner, (gx, gy, gz), (function, meta, None, None, None), ())  # type: ignore[attr-defined]
 
     TIERS["run"] += 1
     return "run", fire_run

@@ -22,15 +22,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from commlab import _config
-from commlab.collectives import _launcher
+from commlab.collectives import _launcher, _outputs
 from commlab.collectives._common import traced
 from commlab.collectives._outputs import Outputs
+from commlab.runtime import _ahead, _control, _native
 from commlab.runtime import records as _records
 from commlab.runtime._control import Record, Signature
+from commlab.runtime._publish import SERVED as _SERVED
 from commlab.trace import needed as _tracing
 
 _raw_stream = _launcher.raw_stream
@@ -57,17 +60,30 @@ class Plan:
     x_aligned: bool = True  # compiled for a 16-byte aligned input
     book: _records.Book | None = None  # the communicator's call records (None: off)
     dtype: str = ""  # the input's dtype as call records name it
+    entry: Any = None  # the C twin of a repeated call (runtime._native), None: Python
+
+    def retire(self) -> None:
+        """The plan left its communicator: its C entry serves no call again."""
+        if self.entry is not None:
+            self.entry.retire()
 
 
-def fast_call(comm, key: tuple, x, out=None) -> torch.Tensor | None:
+def fast_call(comm, key: tuple, x, out=None, dispatch: bool = True) -> torch.Tensor | None:
     """Run the cached plan for ``key`` if there is one (into ``out`` when given); None
-    means "take the slow path"."""
+    means "take the slow path". ``dispatch``: a later call with the same arguments may go
+    straight to the plan's C entry (``_publish.SERVED``; not while online selection
+    decides per call)."""
     try:
         plan = comm.plans.get(key)
     except TypeError:  # an unhashable parameter (op=["sum"]): the checks will refuse it
         return None
     if plan is None or not x.is_contiguous():
         return None
+    _SERVED.append(plan.entry if dispatch and out is None else None)
+    if plan.entry is not None:  # the steady state in C; None: anything else, below
+        y = plan.entry(x, out)
+        if y is not None:
+            return y
     comm.control.repeat(plan.record)
     if plan.device < 0:
         if out is None:
@@ -95,6 +111,12 @@ def fast_call(comm, key: tuple, x, out=None) -> torch.Tensor | None:
     return out
 
 
+def _host_launch(comm, plan: Plan, x: torch.Tensor, out: torch.Tensor) -> None:
+    """A CPU plan's launch under its span (the C twin calls it after the agreement)."""
+    with traced(plan.sig.op, plan.nbytes, plan.algorithm, comm.device, x, comm):
+        _launch(plan, x, out)
+
+
 def _launch(plan: Plan, x: torch.Tensor, out: torch.Tensor) -> None:
     if plan.compiled is None or x.data_ptr() % 16 or out.data_ptr() % 16:
         plan.slow(x, out)  # no single kernel, or not the alignment it was built for
@@ -110,7 +132,7 @@ def _drain(comm, plan: Plan, shape, dtype) -> None:
 
 
 def remember(comm, key: tuple | None, call, *, algorithm: str, nbytes: int, launched: list,
-             make_out, slow, x=None, out=None) -> None:
+             make_out, slow, x=None, out=None, capture_choice: bool = False) -> None:
     """Keep a plan after a slow-path call every rank agreed on; with its compiled kernel
     when the call made exactly one CUDA launch, on ``x`` and ``out`` themselves.
 
@@ -133,6 +155,10 @@ def remember(comm, key: tuple | None, call, *, algorithm: str, nbytes: int, laun
         plan.dtype = str(key[2]).replace("torch.", "")
         if compiled is not None:
             _bind(plan, x)
+    if _config.get("COMMLAB_NATIVE"):
+        plan.entry = _entry(comm, plan, lambda x, out: _host_launch(comm, plan, x, out))
+        if plan.entry is not None and capture_choice and key[-1] == "auto":
+            plan.entry.set_capture_choice(True)
     comm.plans[key] = plan
     shape, dtype = key[1], key[2]
     comm.control.ahead.allow(plan.raw, lambda: _drain(comm, plan, shape, dtype))
@@ -151,3 +177,33 @@ def _bind(plan: Plan, x) -> None:
     plan.ints = tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in plan.tail)
     plan.x_aligned = x.data_ptr() % 16 == 0
     plan.fire = fire
+
+def _entry(comm, plan, host_launch):
+    """The C twin of ``plan``'s repeated call, or None (no C module, an agreement other
+    than one host's block, or a GPU plan without a bound launcher). ``host_launch(x,
+    out)``: the plan's launch on the CPU backend."""
+    mod = _native.module()
+    block = comm.control
+    if (mod is None or type(block) is not _control.ControlBlock or plan.record is None
+            or plan.outputs is None):
+        return None
+    layout = (block.RING, block.SLOT_WORDS, block.world_size * _control.RING * _control.SLOT >> 3,
+              _control._STATE >> 3, block.checked_word, block.rank)
+    outs = plan.outputs
+    use_storage = getattr(torch._C, "_storage_Use_Count", int)
+    common = (block, plan.record, tuple(block.peers), _ahead.SYNC_HOOK, _ahead.CALLER, layout,
+              (outs.tensors, outs.storages, outs.slots), outs.take, _outputs.REUSE, use_storage,
+              _native.free_refs(mod))
+    tracing, hooked, launches = _tracing, _launcher.hooked, _records.LAUNCHES
+    tail = (plan.sig.op, plan.algorithm, plan.nbytes, plan.dtype)
+    if plan.device < 0:
+        return mod.Entry(*common, -1, host_launch, (), (), (), (), True, int, bool, hooked,
+                         tracing, launches, None, tail)
+    parts = getattr(plan.fire, "parts", None)
+    if parts is None:
+        return None
+    launcher, before, middle, after = parts
+    capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", bool)
+    return mod.Entry(*common, plan.device, launcher, tuple(before), tuple(middle), tuple(after),
+                     tuple(plan.ints), plan.x_aligned, _launcher.raw_stream, capturing, hooked,
+                     tracing, launches, plan.book, tail)

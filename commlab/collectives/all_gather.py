@@ -89,7 +89,7 @@ def all_gather_kernel(
     _sync.end_call(ctx, n)
 
 
-@publishes_local_errors()
+@publishes_local_errors(dispatch=True)
 def all_gather(x: torch.Tensor, algorithm: str = "auto") -> torch.Tensor:
     """Gather ``x`` from every rank, concatenated along dim 0 (rank order).
 

@@ -20,7 +20,7 @@ _IMPLS = {"one_shot": one_shot_all_reduce, "two_shot": two_shot_all_reduce,
 ALL_REDUCE = Collective("all_reduce", _IMPLS, params=("op",))
 
 
-@publishes_local_errors()
+@publishes_local_errors(dispatch=True)
 def all_reduce(x: torch.Tensor, op: str = "sum", algorithm: str = "auto") -> torch.Tensor:
     """Return the reduction (``op``: "sum", "max", "min") of ``x`` over all ranks.
 

@@ -91,7 +91,7 @@ def all_to_all_kernel(
     _sync.end_call(ctx, n)
 
 
-@publishes_local_errors()
+@publishes_local_errors(dispatch=True)
 def all_to_all(x: torch.Tensor, algorithm: str = "auto") -> torch.Tensor:
     """Exchange chunks: dim 0 in ``world_size`` chunks, chunk j goes to rank j; the result
     holds, in rank order, the chunk each rank sent here. ``algorithm``: "direct" (SM

@@ -88,7 +88,7 @@ def broadcast_kernel(
     _sync.end_call(ctx, n)
 
 
-@publishes_local_errors()
+@publishes_local_errors(dispatch=True)
 def broadcast(x: torch.Tensor, src: int = 0, algorithm: str = "auto") -> torch.Tensor:
     """Return a copy of rank ``src``'s ``x`` on every rank (``x`` gives shape and dtype
     elsewhere and must match src's). ``algorithm``: "direct" (SM pushes), "copy_engine"

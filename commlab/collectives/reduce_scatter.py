@@ -91,7 +91,7 @@ def reduce_scatter_kernel(
     _sync.end_call(ctx, n)
 
 
-@publishes_local_errors()
+@publishes_local_errors(dispatch=True)
 def reduce_scatter(x: torch.Tensor, op: str = "sum") -> torch.Tensor:
     """Reduce ``x`` across ranks and return this rank's chunk of dim 0.
 

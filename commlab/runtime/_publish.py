@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from commlab.errors import CommlabError
+from commlab.runtime import _native
 from commlab.runtime._ahead import CALLER
 from commlab.runtime._control import Signature
 
@@ -37,16 +38,32 @@ def local_error_text(fn: Callable, e: Exception) -> str:
     return text
 
 
+# the C entries of the plans that served the calls made inside the outermost public
+# call (None for a call no plan served); the collectives' host path appends to it
+SERVED: list = []
+_DEPTH = [0]
+
+
 def published(current: Callable[[], Any]) -> Callable[..., Callable[[F], F]]:
     """The decorator factory for one runtime: ``current()`` gives the open communicator or
     None (nothing to publish to before ``init``)."""
 
-    def publishes_local_errors(op: str | None = None) -> Callable[[F], F]:
+    def publishes_local_errors(op: str | None = None, dispatch: bool = False
+                               ) -> Callable[[F], F]:
+        """``dispatch``: the function is exactly one collective's host path (``return
+        run(...)``), so a call repeating the arguments of one a plan served may go
+        straight to that plan's C entry (``_native.Dispatch``)."""
         def wrap(fn: F) -> F:
             name = op or fn.__name__
+            fast: list = [None]  # the Dispatch, made at the first call a plan served
 
             @functools.wraps(fn)
             def call(*args, **kwargs):
+                d = fast[0]
+                if d:
+                    y = d(args, kwargs)  # the repeated call, in C; None: not one
+                    if y is not None:
+                        return y
                 f = sys._getframe(1)  # where the user called it: a run-ahead check names it
                 CALLER[0] = (f.f_code.co_filename, f.f_lineno)
                 comm = current()
@@ -54,8 +71,12 @@ def published(current: Callable[[], Any]) -> Callable[..., Callable[[F], F]]:
                     return fn(*args, **kwargs)
                 control = comm.control
                 entered = control.entered
+                outer = _DEPTH[0] == 0
+                if outer:
+                    SERVED.clear()
+                _DEPTH[0] += 1
                 try:
-                    return fn(*args, **kwargs)
+                    y = fn(*args, **kwargs)
                 except Exception as e:
                     members = getattr(comm, "members", None)
                     lost = members.behind(e, name) if members is not None else None
@@ -68,6 +89,14 @@ def published(current: Callable[[], Any]) -> Callable[..., Callable[[F], F]]:
                     except CommlabError as agreed:  # the same on every rank
                         raise agreed from e
                     raise AssertionError("a published local error always raises") from e
+                finally:
+                    _DEPTH[0] -= 1
+                if dispatch and outer and len(SERVED) == 1 and SERVED[0] is not None:
+                    if d is None:
+                        d = fast[0] = _native.dispatch() or False
+                    if d:
+                        d.remember(args, kwargs, SERVED[0])
+                return y
 
             return call  # type: ignore[return-value]
 

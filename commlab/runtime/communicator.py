@@ -20,7 +20,7 @@ from commlab.errors import (
     CommlabUsageError,
     HeapFullError,
 )
-from commlab.runtime import _heaps, _publish, wait_records
+from commlab.runtime import _heaps, _native, _publish, wait_records
 from commlab.runtime._abort import AbortWatch
 from commlab.runtime._beats import Beats
 from commlab.runtime._bootstrap import World, bootstrap
@@ -66,7 +66,7 @@ class Communicator:
     local_rank: int = 0
     _world: World | None = field(default=None, repr=False)
     _keep: list = field(default_factory=list, repr=False)  # mappings kept alive
-    plans: dict = field(default_factory=dict, repr=False)  # collectives' cached launch plans
+    plans: dict = field(default_factory=_native.Plans, repr=False)  # cached launch plans
     closed: bool = False
     _local: Communicator | None = field(default=None, repr=False)  # across hosts only
     across: HostGroups | None = field(default=None, repr=False)  # across hosts only

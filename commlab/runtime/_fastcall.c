@@ -1,0 +1,763 @@
+/* A launch plan's repeated call in C: the agreement word, an output, the launch.
+ *
+ * commlab/collectives/_native.py compiles this file on first use (the C compiler and
+ * Python headers Triton's own launcher needs) and builds one Entry per launch plan.
+ * Entry.__call__(x, out) does what _plan.fast_call does after its dict lookup, without
+ * the Python interpreter in between:
+ *
+ *   1. the agreement, run ahead (_ahead.Ahead.repeat's skip path): the block's lock,
+ *      the conditions under which a repeat may skip the wait, the pending calls every
+ *      peer has published (checked by digest), then our slot's sequence word;
+ *   2. an output the plan owns that nobody holds (_outputs.Outputs.take), or a new one;
+ *   3. the launch: Triton's C launcher with the plan's integer arguments on the raw
+ *      current stream (GPU), or the plan's host launch (CPU backend).
+ *
+ * It returns None whenever the call is anything but that steady state (a first call, a
+ * peer's digest that differs, a profiler or trace, another thread in the agreement, an
+ * unaligned pointer, ...), having changed nothing the Python path would not change the
+ * same way: the caller then takes _plan.fast_call, which raises what must be raised. The
+ * Python objects (ControlBlock, Ahead, Outputs) stay the one owner of every state.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+
+typedef struct {
+    PyObject_HEAD
+    /* agreement */
+    PyObject *block;       /* runtime._control.ControlBlock */
+    PyObject *ahead;       /* its Ahead */
+    PyObject *record;      /* the plan's Record */
+    PyObject *raw;         /* record.raw (bytes) */
+    PyObject *sig;         /* record.sig */
+    PyObject *digest;      /* record.digest (int) */
+    long long dig;
+    PyObject *peers;       /* tuple of peer ranks */
+    PyObject *sync_hook;   /* _ahead.SYNC_HOOK (list) */
+    PyObject *caller;      /* _ahead.CALLER (list) */
+    long long ring, slot_words, state_base, state_words, checked_word, rank;
+    /* outputs */
+    PyObject *tensors, *storages, *slots;  /* Outputs' lists */
+    PyObject *take;        /* Outputs.take (bound): the Python path for a new output */
+    PyObject *reuse;       /* _outputs.REUSE (list) */
+    PyObject *use_storage; /* torch._C._storage_Use_Count */
+    Py_ssize_t free_refs, free_storage_refs;  /* Py_REFCNT of an output only the list holds */
+    /* launch */
+    int device;            /* CUDA device index, -1: the CPU backend (host launch) */
+    PyObject *launch;      /* GPU: the C launcher; CPU: host_launch(x, out) */
+    PyObject *before, *middle, *after;  /* GPU: the launcher's arguments around ours */
+    PyObject *ints;        /* GPU: the kernel's arguments after (x, out) */
+    int x_aligned;
+    PyObject *raw_stream;  /* torch._C._cuda_getCurrentRawStream */
+    PyObject *capturing;   /* torch._C._cuda_isCurrentStreamCapturing */
+    PyObject *hooked;      /* _launcher.hooked: a Triton launch hook is installed */
+    PyObject *tracing;     /* trace.needed: a recording or torch.profiler is on */
+    PyObject *launches;    /* runtime.records.LAUNCHES (list) */
+    PyObject *book;        /* the plan's call records (Book) or None */
+    PyObject *note_tail;   /* (op, algorithm, nbytes, dtype) for Book.note */
+    long long hits;        /* calls this entry served (tests, benchmarks) */
+    int retired;           /* its plan left the communicator: never serve again */
+    int capture_choice;    /* "auto" chooses afresh inside a CUDA-graph capture */
+} Entry;
+
+static PyObject *s_lock, *s_acquire, *s_release, *s_seq, *s_enabled, *s_last, *s_pending,
+    *s_drains, *s_words, *s_entered, *s_mine, *s_publish_record, *s_last_published,
+    *s_popleft, *s_append, *s_data_ptr, *s_use_count, *s_requires_grad, *s_note, *s_base,
+    *s_shape, *s_dtype, *s_get_device, *s_is_contiguous;
+
+static int entry_traverse(Entry *self, visitproc visit, void *arg) {
+    Py_VISIT(self->block); Py_VISIT(self->ahead); Py_VISIT(self->record); Py_VISIT(self->raw);
+    Py_VISIT(self->sig); Py_VISIT(self->digest); Py_VISIT(self->peers);
+    Py_VISIT(self->sync_hook); Py_VISIT(self->caller); Py_VISIT(self->tensors);
+    Py_VISIT(self->storages); Py_VISIT(self->slots); Py_VISIT(self->take);
+    Py_VISIT(self->reuse); Py_VISIT(self->use_storage); Py_VISIT(self->launch);
+    Py_VISIT(self->before); Py_VISIT(self->middle); Py_VISIT(self->after);
+    Py_VISIT(self->ints); Py_VISIT(self->raw_stream); Py_VISIT(self->capturing);
+    Py_VISIT(self->hooked); Py_VISIT(self->tracing); Py_VISIT(self->launches);
+    Py_VISIT(self->book); Py_VISIT(self->note_tail);
+    return 0;
+}
+
+static int entry_clear(Entry *self) {
+    Py_CLEAR(self->block); Py_CLEAR(self->ahead); Py_CLEAR(self->record); Py_CLEAR(self->raw);
+    Py_CLEAR(self->sig); Py_CLEAR(self->digest); Py_CLEAR(self->peers);
+    Py_CLEAR(self->sync_hook); Py_CLEAR(self->caller); Py_CLEAR(self->tensors);
+    Py_CLEAR(self->storages); Py_CLEAR(self->slots); Py_CLEAR(self->take);
+    Py_CLEAR(self->reuse); Py_CLEAR(self->use_storage); Py_CLEAR(self->launch);
+    Py_CLEAR(self->before); Py_CLEAR(self->middle); Py_CLEAR(self->after);
+    Py_CLEAR(self->ints); Py_CLEAR(self->raw_stream); Py_CLEAR(self->capturing);
+    Py_CLEAR(self->hooked); Py_CLEAR(self->tracing); Py_CLEAR(self->launches);
+    Py_CLEAR(self->book); Py_CLEAR(self->note_tail);
+    return 0;
+}
+
+static void entry_dealloc(Entry *self) {
+    PyObject_GC_UnTrack(self);
+    entry_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* Entry(block, record, peers, sync_hook, caller, layout, outputs, take, reuse,
+ *       use_storage, free_refs, device, launch, before, middle, after, ints, x_aligned,
+ *       raw_stream, capturing, hooked, tracing, launches, book, note_tail)
+ * layout: (ring, slot_words, state_base, state_words, checked_word, rank);
+ * outputs: (tensors, storages, slots); free_refs: (tensor, storage). */
+static int entry_init(Entry *self, PyObject *args, PyObject *kw) {
+    PyObject *block, *record, *peers, *sync_hook, *caller, *layout, *outputs, *take, *reuse,
+        *use_storage, *free_refs, *launch, *before, *middle, *after, *ints, *raw_stream,
+        *capturing, *hooked, *tracing, *launches, *book, *note_tail;
+    int device, x_aligned;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOiOOOOOpOOOOOOO", &block, &record, &peers,
+                          &sync_hook, &caller, &layout, &outputs, &take, &reuse,
+                          &use_storage, &free_refs, &device, &launch, &before, &middle,
+                          &after, &ints, &x_aligned, &raw_stream, &capturing, &hooked,
+                          &tracing, &launches, &book, &note_tail))
+        return -1;
+    if (!PyArg_ParseTuple(layout, "LLLLLL", &self->ring, &self->slot_words, &self->state_base,
+                          &self->state_words, &self->checked_word, &self->rank))
+        return -1;
+    if (!PyArg_ParseTuple(free_refs, "nn", &self->free_refs, &self->free_storage_refs))
+        return -1;
+    if (!PyTuple_Check(peers) || !PyTuple_Check(before) || !PyTuple_Check(middle)
+        || !PyTuple_Check(after) || !PyTuple_Check(ints) || !PyTuple_Check(note_tail)) {
+        PyErr_SetString(PyExc_TypeError, "Entry: peers, before, middle, after, ints and "
+                        "note_tail must be tuples");
+        return -1;
+    }
+    PyObject *tensors, *storages, *slots;
+    if (!PyArg_ParseTuple(outputs, "O!O!O!", &PyList_Type, &tensors, &PyList_Type, &storages,
+                          &PyList_Type, &slots))
+        return -1;
+    self->ahead = PyObject_GetAttrString(block, "ahead");
+    self->raw = PyObject_GetAttrString(record, "raw");
+    self->sig = PyObject_GetAttrString(record, "sig");
+    self->digest = PyObject_GetAttrString(record, "digest");
+    if (!self->ahead || !self->raw || !self->sig || !self->digest) return -1;
+    self->dig = PyLong_AsLongLong(self->digest);
+    if (self->dig == -1 && PyErr_Occurred()) return -1;
+#define KEEP(f, v) do { Py_INCREF(v); self->f = v; } while (0)
+    KEEP(block, block); KEEP(record, record); KEEP(peers, peers); KEEP(sync_hook, sync_hook);
+    KEEP(caller, caller); KEEP(tensors, tensors); KEEP(storages, storages); KEEP(slots, slots);
+    KEEP(take, take); KEEP(reuse, reuse); KEEP(use_storage, use_storage); KEEP(launch, launch);
+    KEEP(before, before); KEEP(middle, middle); KEEP(after, after); KEEP(ints, ints);
+    KEEP(raw_stream, raw_stream); KEEP(capturing, capturing); KEEP(hooked, hooked);
+    KEEP(tracing, tracing); KEEP(launches, launches); KEEP(book, book);
+    KEEP(note_tail, note_tail);
+#undef KEEP
+    self->device = device;
+    self->x_aligned = x_aligned;
+    return 0;
+}
+
+/* -1 error, 0 false, 1 true */
+static int truth_of_call(PyObject *fn) {
+    PyObject *r = PyObject_CallNoArgs(fn);
+    if (!r) return -1;
+    int t = PyObject_IsTrue(r);
+    Py_DECREF(r);
+    return t;
+}
+
+static int attr_is_true(PyObject *o, PyObject *name) {
+    PyObject *v = PyObject_GetAttr(o, name);
+    if (!v) return -1;
+    int t = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return t;
+}
+
+static int attr_ll(PyObject *o, PyObject *name, long long *out) {
+    PyObject *v = PyObject_GetAttr(o, name);
+    if (!v) return -1;
+    *out = PyLong_AsLongLong(v);
+    Py_DECREF(v);
+    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+static int set_attr_ll(PyObject *o, PyObject *name, long long value) {
+    PyObject *v = PyLong_FromLongLong(value);
+    if (!v) return -1;
+    int r = PyObject_SetAttr(o, name, v);
+    Py_DECREF(v);
+    return r;
+}
+
+static long long call_ll(PyObject *o, PyObject *method) {
+    PyObject *v = PyObject_CallMethodNoArgs(o, method);
+    if (!v) return -1;
+    long long r = PyLong_AsLongLong(v);
+    Py_DECREF(v);
+    return r;
+}
+
+/* (file, line) of the frame that called the Python function calling us: the user's
+ * call site, as _publish's wrapper records it for a run-ahead check's message. */
+static PyObject *call_site(void) {
+    PyFrameObject *f = PyEval_GetFrame();  /* borrowed: the public function's frame */
+    if (!f) Py_RETURN_NONE;
+    PyFrameObject *back = PyFrame_GetBack(f);  /* new reference */
+    if (!back) Py_RETURN_NONE;
+    PyCodeObject *code = PyFrame_GetCode(back);  /* new reference */
+    int line = PyFrame_GetLineNumber(back);
+    PyObject *site = Py_BuildValue("(Oi)", code->co_filename, line);
+    Py_DECREF(code);
+    Py_DECREF(back);
+    return site;
+}
+
+#define LOAD(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
+#define STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
+
+/* The agreement's run-ahead publish. 1: published call n; 0: not the steady state
+ * (nothing changed that the Python path would not change alike); -1: error. */
+static int agree_ahead(Entry *self, PyObject *lock) {
+    PyObject *pending = NULL, *drains = NULL, *words = NULL, *mine = NULL;
+    Py_buffer view = {0};
+    int result = 0, held = 0;
+    long long seq;
+
+    PyObject *got = PyObject_CallMethodOneArg(lock, s_acquire, Py_False);
+    if (!got) return -1;
+    held = (got == Py_True);
+    Py_DECREF(got);
+    if (!held) return 0;  /* another thread is inside: the Python path refuses it */
+
+    if (PyList_GET_SIZE(self->sync_hook) < 1 || PyList_GET_ITEM(self->sync_hook, 0) != Py_None)
+        goto done;  /* racecheck watches: every call waits */
+    int en = attr_is_true(self->ahead, s_enabled);
+    if (en <= 0) { result = en; goto done; }
+    PyObject *last = PyObject_GetAttr(self->ahead, s_last);
+    if (!last) { result = -1; goto done; }
+    int same = last == self->raw;
+    if (!same && PyBytes_Check(last)) {
+        same = PyObject_RichCompareBool(last, self->raw, Py_EQ);
+        if (same < 0) { Py_DECREF(last); result = -1; goto done; }
+    }
+    Py_DECREF(last);
+    if (!same) goto done;
+    if (attr_ll(self->block, s_seq, &seq) < 0) { result = -1; goto done; }
+    long long n = seq + 1;
+    pending = PyObject_GetAttr(self->ahead, s_pending);
+    drains = PyObject_GetAttr(self->ahead, s_drains);
+    words = PyObject_GetAttr(self->block, s_words);
+    mine = PyObject_GetAttr(self->block, s_mine);
+    if (!pending || !drains || !words || !mine) { result = -1; goto done; }
+    Py_ssize_t npending = PyObject_Length(pending);
+    if (npending < 0) { result = -1; goto done; }
+    if (npending >= self->ring) goto done;
+    int known = PyDict_Check(drains) ? PyDict_Contains(drains, self->raw) : 0;
+    if (known <= 0) { result = known; goto done; }
+    if (PyObject_GetBuffer(words, &view, PyBUF_SIMPLE) < 0) { result = -1; goto done; }
+    int64_t *w = (int64_t *)view.buf;
+    Py_ssize_t nwords = view.len / 8;
+    Py_ssize_t npeers = PyTuple_GET_SIZE(self->peers);
+    long long stride = self->ring * self->slot_words;
+    /* ring_free(n): every peer has checked up to n - RING */
+    for (Py_ssize_t i = 0; i < npeers; i++) {
+        long long r = PyLong_AsLongLong(PyTuple_GET_ITEM(self->peers, i));
+        long long idx = self->state_base + r * self->state_words;
+        if (idx < 0 || idx >= nwords) goto done;
+        if (LOAD(&w[idx]) < n - self->ring) goto done;
+    }
+    /* from here on the call runs ahead (the Python path would do the same) */
+    long long entered;
+    if (attr_ll(self->block, s_entered, &entered) < 0
+        || set_attr_ll(self->block, s_entered, entered + 1) < 0) { result = -1; goto done; }
+    /* the pending calls every peer has published, checked by digest */
+    while (npending > 0) {
+        PyObject *head = PySequence_GetItem(pending, 0);
+        if (!head) { result = -1; goto done; }
+        long long m = PyLong_AsLongLong(PyTuple_GetItem(head, 0));
+        long long dig = PyLong_AsLongLong(PyTuple_GetItem(head, 4));
+        Py_DECREF(head);
+        if (PyErr_Occurred()) { result = -1; goto done; }
+        long long slot = (m % self->ring) * self->slot_words;
+        int ready = 1, differs = 0;
+        for (Py_ssize_t i = 0; i < npeers; i++) {
+            long long r = PyLong_AsLongLong(PyTuple_GET_ITEM(self->peers, i));
+            long long base = r * stride + slot;
+            if (base + 2 >= nwords) { ready = 0; break; }
+            if (LOAD(&w[base]) < m) { ready = 0; break; }
+        }
+        if (!ready) break;
+        for (Py_ssize_t i = 0; i < npeers; i++) {
+            long long r = PyLong_AsLongLong(PyTuple_GET_ITEM(self->peers, i));
+            if (LOAD(&w[r * stride + slot + 2]) != dig) { differs = 1; break; }
+        }
+        if (differs) {
+            /* the Python path checks it in full and raises the mismatch every rank
+             * raises: undo our entered count and hand over */
+            set_attr_ll(self->block, s_entered, entered);
+            goto done;
+        }
+        PyObject *popped = PyObject_CallMethodNoArgs(pending, s_popleft);
+        if (!popped) { result = -1; goto done; }
+        Py_DECREF(popped);
+        npending--;
+        STORE(&w[self->checked_word], m);
+    }
+    /* publish n: the body is in our slot when it holds this record already */
+    long long k = n % self->ring;
+    PyObject *held_rec = PyList_Check(mine) && k < PyList_GET_SIZE(mine)
+        ? PyList_GET_ITEM(mine, k) : NULL;
+    if (held_rec != self->record) {
+        PyBuffer_Release(&view);
+        PyObject *r = PyObject_CallMethod(self->block, "publish_record", "LO", n, self->record);
+        if (!r) { result = -1; goto done; }
+        Py_DECREF(r);
+    } else {
+        long long off = (self->rank * self->ring + k) * self->slot_words;
+        if (off >= nwords) { result = -1; PyErr_SetString(PyExc_IndexError, "slot"); goto done; }
+        STORE(&w[off], n);
+        if (set_attr_ll(self->block, s_last_published, n) < 0) { result = -1; goto done; }
+    }
+    if (set_attr_ll(self->block, s_seq, n) < 0) { result = -1; goto done; }
+    PyObject *site = PyList_GET_SIZE(self->caller) > 0 ? PyList_GET_ITEM(self->caller, 0) : Py_None;
+    PyObject *item = Py_BuildValue("(LOOOO)", n, self->sig, self->raw, site, self->digest);
+    if (!item) { result = -1; goto done; }
+    PyObject *r = PyObject_CallMethodOneArg(pending, s_append, item);
+    Py_DECREF(item);
+    if (!r) { result = -1; goto done; }
+    Py_DECREF(r);
+    result = 1;
+done:
+    if (view.obj) PyBuffer_Release(&view);
+    if (result < 0) {  /* as Ahead.repeat: an exception clears the previous call */
+        PyObject *et, *ev, *tb;
+        PyErr_Fetch(&et, &ev, &tb);
+        PyObject_SetAttr(self->ahead, s_last, Py_None);
+        PyErr_Restore(et, ev, tb);
+    }
+    Py_XDECREF(pending); Py_XDECREF(drains); Py_XDECREF(words); Py_XDECREF(mine);
+    PyObject *rel = PyObject_CallMethodNoArgs(lock, s_release);
+    if (!rel) return -1;
+    Py_DECREF(rel);
+    return result;
+}
+
+/* An output only the plan holds, on the same stream, its address unchanged: a new
+ * reference, or NULL without an error (make one through Outputs.take). */
+static PyObject *reusable(Entry *self, long long stream) {
+    Py_ssize_t n = PyList_GET_SIZE(self->tensors);
+    if (PyList_GET_SIZE(self->storages) != n || PyList_GET_SIZE(self->slots) != n) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *t = PyList_GET_ITEM(self->tensors, i);
+        if (Py_REFCNT(t) != self->free_refs
+            || Py_REFCNT(PyList_GET_ITEM(self->storages, i)) != self->free_storage_refs)
+            continue;
+        PyObject *slot = PyList_GET_ITEM(self->slots, i);
+        if (!PyTuple_Check(slot) || PyTuple_GET_SIZE(slot) != 3) continue;
+        if (PyLong_AsLongLong(PyTuple_GET_ITEM(slot, 2)) != stream) continue;
+        PyObject *u = PyObject_CallOneArg(self->use_storage, PyTuple_GET_ITEM(slot, 0));
+        if (!u) { PyErr_Clear(); continue; }
+        long long uses = PyLong_AsLongLong(u);
+        Py_DECREF(u);
+        if (uses != 2) continue;
+        if (call_ll(t, s_use_count) != 1) { PyErr_Clear(); continue; }
+        long long ptr = call_ll(t, s_data_ptr);
+        if (PyErr_Occurred()) { PyErr_Clear(); continue; }
+        if (ptr != PyLong_AsLongLong(PyTuple_GET_ITEM(slot, 1))) continue;
+        int grad = attr_is_true(t, s_requires_grad);
+        if (grad != 0) { PyErr_Clear(); continue; }
+        Py_INCREF(t);
+        return t;
+    }
+    return NULL;
+}
+
+static PyObject *entry_run(Entry *self, PyObject *x, PyObject *out, int site_from_frame) {
+    if (self->device >= 0) {  /* GPU: the ordinary path while anyone watches launches */
+        int t = truth_of_call(self->tracing);
+        if (t != 0) { if (t < 0) return NULL; Py_RETURN_NONE; }
+        t = truth_of_call(self->hooked);
+        if (t != 0) { if (t < 0) return NULL; Py_RETURN_NONE; }
+    }
+    if (self->retired) Py_RETURN_NONE;
+    if (self->capture_choice && self->device >= 0) {
+        int t = truth_of_call(self->capturing);
+        if (t != 0) { if (t < 0) return NULL; Py_RETURN_NONE; }
+    }
+    long long xp = call_ll(x, s_data_ptr);
+    if (xp == -1 && PyErr_Occurred()) return NULL;
+    long long op_ptr = 0;
+    if (out != Py_None) {
+        op_ptr = call_ll(out, s_data_ptr);
+        if (op_ptr == -1 && PyErr_Occurred()) return NULL;
+    }
+    if (self->device >= 0 && ((self->x_aligned && xp % 16) || (out != Py_None && op_ptr % 16)))
+        Py_RETURN_NONE;  /* not the alignment the kernel was built for */
+    PyObject *lock = PyObject_GetAttr(self->block, s_lock);
+    if (!lock) return NULL;
+    if (site_from_frame) {  /* called by the public function itself: the user's line */
+        PyObject *site = call_site();
+        if (!site) { Py_DECREF(lock); return NULL; }
+        if (PyList_GET_SIZE(self->caller) > 0) PyList_SetItem(self->caller, 0, site);
+        else Py_DECREF(site);
+    }
+    int ran = agree_ahead(self, lock);
+    Py_DECREF(lock);
+    if (ran <= 0) { if (ran < 0) return NULL; Py_RETURN_NONE; }
+    /* committed: this call is published and must launch (an error now is the caller's) */
+    long long stream = 0;
+    PyObject *dev = NULL;
+    if (self->device >= 0) {
+        dev = PyLong_FromLong(self->device);
+        if (!dev) return NULL;
+        PyObject *s = PyObject_CallOneArg(self->raw_stream, dev);
+        if (!s) { Py_DECREF(dev); return NULL; }
+        stream = PyLong_AsLongLong(s);
+        Py_DECREF(s);
+    }
+    if (out == Py_None) {
+        int capture = 0;
+        if (self->device >= 0) {
+            capture = truth_of_call(self->capturing);
+            if (capture < 0) { Py_XDECREF(dev); return NULL; }
+        }
+        int reuse = PyList_GET_SIZE(self->reuse) > 0 && PyObject_IsTrue(PyList_GET_ITEM(self->reuse, 0)) == 1;
+        out = (!capture && reuse) ? reusable(self, stream) : NULL;
+        if (!out) {
+            out = PyObject_CallFunction(self->take, "OLO", x, stream, capture ? Py_True : Py_False);
+            if (!out) { Py_XDECREF(dev); return NULL; }
+        }
+        op_ptr = call_ll(out, s_data_ptr);
+        if (op_ptr == -1 && PyErr_Occurred()) { Py_XDECREF(dev); Py_DECREF(out); return NULL; }
+    } else {
+        Py_INCREF(out);
+    }
+    PyObject *r;
+    if (self->device < 0) {  /* CPU backend: the plan's host launch, traced */
+        r = PyObject_CallFunctionObjArgs(self->launch, x, out, NULL);
+    } else if (op_ptr % 16) {  /* a fresh output off the kernel's alignment: never on CUDA */
+        PyErr_SetString(PyExc_RuntimeError, "commlab: an output off 16-byte alignment");
+        r = NULL;
+    } else {
+        Py_ssize_t nb = PyTuple_GET_SIZE(self->before), nm = PyTuple_GET_SIZE(self->middle);
+        Py_ssize_t ni = PyTuple_GET_SIZE(self->ints), na = PyTuple_GET_SIZE(self->after);
+        PyObject *a = PyTuple_New(nb + 1 + nm + 2 + ni + na);
+        if (!a) { Py_DECREF(dev); Py_DECREF(out); return NULL; }
+        Py_ssize_t j = 0;
+        for (Py_ssize_t i = 0; i < nb; i++, j++) {
+            PyObject *v = PyTuple_GET_ITEM(self->before, i); Py_INCREF(v); PyTuple_SET_ITEM(a, j, v);
+        }
+        PyTuple_SET_ITEM(a, j++, PyLong_FromLongLong(stream));
+        for (Py_ssize_t i = 0; i < nm; i++, j++) {
+            PyObject *v = PyTuple_GET_ITEM(self->middle, i); Py_INCREF(v); PyTuple_SET_ITEM(a, j, v);
+        }
+        PyTuple_SET_ITEM(a, j++, PyLong_FromLongLong(xp));
+        PyTuple_SET_ITEM(a, j++, PyLong_FromLongLong(op_ptr));
+        for (Py_ssize_t i = 0; i < ni; i++, j++) {
+            PyObject *v = PyTuple_GET_ITEM(self->ints, i); Py_INCREF(v); PyTuple_SET_ITEM(a, j, v);
+        }
+        for (Py_ssize_t i = 0; i < na; i++, j++) {
+            PyObject *v = PyTuple_GET_ITEM(self->after, i); Py_INCREF(v); PyTuple_SET_ITEM(a, j, v);
+        }
+        r = PyObject_Call(self->launch, a, NULL);
+        Py_DECREF(a);
+    }
+    Py_XDECREF(dev);
+    if (!r) { Py_DECREF(out); return NULL; }
+    Py_DECREF(r);
+    if (self->device >= 0) {  /* the kernel opens one call record (records.LAUNCHES) */
+        PyObject *c = PyList_GET_SIZE(self->launches) > 0 ? PyList_GET_ITEM(self->launches, 0) : NULL;
+        long long k1 = c ? PyLong_AsLongLong(c) + 1 : 1;
+        PyObject *v = PyLong_FromLongLong(k1);
+        if (!v || PyList_SetItem(self->launches, 0, v) < 0) { Py_DECREF(out); return NULL; }
+        if (self->book != Py_None) {
+            long long base;
+            if (attr_ll(self->book, s_base, &base) < 0) { Py_DECREF(out); return NULL; }
+            k1 -= base;
+            PyObject *nargs = PyTuple_New(2 + PyTuple_GET_SIZE(self->note_tail));
+            if (!nargs) { Py_DECREF(out); return NULL; }
+            PyTuple_SET_ITEM(nargs, 0, PyLong_FromLongLong(k1 - 1));
+            PyTuple_SET_ITEM(nargs, 1, PyLong_FromLongLong(k1));
+            for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(self->note_tail); i++) {
+                PyObject *t = PyTuple_GET_ITEM(self->note_tail, i);
+                Py_INCREF(t);
+                PyTuple_SET_ITEM(nargs, 2 + i, t);
+            }
+            PyObject *note = PyObject_GetAttr(self->book, s_note);
+            PyObject *nr = note ? PyObject_Call(note, nargs, NULL) : NULL;
+            Py_XDECREF(note);
+            Py_DECREF(nargs);
+            if (!nr) { Py_DECREF(out); return NULL; }
+            Py_DECREF(nr);
+        }
+    }
+    self->hits++;
+    return out;
+}
+
+static PyObject *entry_call(Entry *self, PyObject *args, PyObject *kw) {
+    PyObject *x, *out = Py_None;
+    if (!PyArg_ParseTuple(args, "O|O", &x, &out)) return NULL;
+    return entry_run(self, x, out, 0);
+}
+
+static PyObject *entry_retire(Entry *self, PyObject *unused) {
+    self->retired = 1;
+    Py_RETURN_NONE;
+}
+
+static PyObject *entry_set_capture_choice(Entry *self, PyObject *flag) {
+    self->capture_choice = PyObject_IsTrue(flag) == 1;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef entry_methods[] = {
+    {"retire", (PyCFunction)entry_retire, METH_NOARGS, "never serve a call again"},
+    {"set_capture_choice", (PyCFunction)entry_set_capture_choice, METH_O,
+     "whether a call inside a CUDA-graph capture must choose afresh (hand it back)"},
+    {NULL}
+};
+
+static PyObject *entry_get_hits(Entry *self, void *closure) {
+    return PyLong_FromLongLong(self->hits);
+}
+
+static PyGetSetDef entry_getset[] = {
+    {"hits", (getter)entry_get_hits, NULL, "calls this entry served", NULL},
+    {NULL}
+};
+
+static PyTypeObject EntryType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "commlab._fastcall.Entry",
+    .tp_basicsize = sizeof(Entry),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "A launch plan's repeated call: Entry(...)(x, out=None) -> output or None.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)entry_init,
+    .tp_dealloc = (destructor)entry_dealloc,
+    .tp_traverse = (traverseproc)entry_traverse,
+    .tp_clear = (inquiry)entry_clear,
+    .tp_call = (ternaryfunc)entry_call,
+    .tp_getset = entry_getset,
+    .tp_methods = entry_methods,
+};
+
+/* ---- Dispatch: a public collective's repeated call form -> its Entry ------------- */
+
+#define NSLOTS 8
+
+typedef struct {
+    PyObject *rest;    /* args[1:] (tuple) */
+    PyObject *kwargs;  /* dict or NULL */
+    PyObject *shape;   /* x.shape */
+    PyObject *dtype;   /* x.dtype */
+    long long device;  /* x.get_device() */
+    Entry *entry;
+} Slot;
+
+typedef struct {
+    PyObject_HEAD
+    Slot slots[NSLOTS];
+    int next;          /* the slot the next remember() overwrites */
+    long long hits;
+} Dispatch;
+
+static void slot_clear(Slot *s) {
+    Py_CLEAR(s->rest); Py_CLEAR(s->kwargs); Py_CLEAR(s->shape); Py_CLEAR(s->dtype);
+    Py_CLEAR(s->entry);
+}
+
+static int dispatch_traverse(Dispatch *self, visitproc visit, void *arg) {
+    for (int i = 0; i < NSLOTS; i++) {
+        Py_VISIT(self->slots[i].rest); Py_VISIT(self->slots[i].kwargs);
+        Py_VISIT(self->slots[i].shape); Py_VISIT(self->slots[i].dtype);
+        Py_VISIT((PyObject *)self->slots[i].entry);
+    }
+    return 0;
+}
+
+static int dispatch_clear(Dispatch *self) {
+    for (int i = 0; i < NSLOTS; i++) slot_clear(&self->slots[i]);
+    return 0;
+}
+
+static void dispatch_dealloc(Dispatch *self) {
+    PyObject_GC_UnTrack(self);
+    dispatch_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int same(PyObject *a, PyObject *b) {  /* -1 error */
+    if (a == b) return 1;
+    if (!a || !b) return 0;
+    return PyObject_RichCompareBool(a, b, Py_EQ);
+}
+
+static int no_kwargs(PyObject *kw) { return kw == NULL || kw == Py_None || PyDict_GET_SIZE(kw) == 0; }
+
+/* (shape, dtype, device) of x and whether it is contiguous; -1 error (cleared by caller) */
+static int describe(PyObject *x, PyObject **shape, PyObject **dtype, long long *device) {
+    *shape = PyObject_GetAttr(x, s_shape);
+    if (!*shape) return -1;
+    *dtype = PyObject_GetAttr(x, s_dtype);
+    if (!*dtype) { Py_CLEAR(*shape); return -1; }
+    *device = call_ll(x, s_get_device);
+    if (*device == -1 && PyErr_Occurred()) { Py_CLEAR(*shape); Py_CLEAR(*dtype); return -1; }
+    PyObject *c = PyObject_CallMethodNoArgs(x, s_is_contiguous);
+    if (!c) { Py_CLEAR(*shape); Py_CLEAR(*dtype); return -1; }
+    int contiguous = c == Py_True;
+    Py_DECREF(c);
+    return contiguous;
+}
+
+/* dispatch(args, kwargs): the output of a repeated call served in C, or None */
+static PyObject *dispatch_call(Dispatch *self, PyObject *a, PyObject *kw) {
+    PyObject *args, *kwargs;
+    if (!PyArg_ParseTuple(a, "O!O", &PyTuple_Type, &args, &kwargs)) return NULL;
+    Py_ssize_t n = PyTuple_GET_SIZE(args);
+    if (n < 1) Py_RETURN_NONE;
+    PyObject *x = PyTuple_GET_ITEM(args, 0);
+    PyObject *shape = NULL, *dtype = NULL;
+    long long device;
+    int found = -1;
+    for (int i = 0; i < NSLOTS; i++) {
+        Slot *sl = &self->slots[i];
+        if (!sl->entry) continue;
+        if (sl->entry->retired) { slot_clear(sl); continue; }
+        if (!shape) {
+            int c = describe(x, &shape, &dtype, &device);
+            if (c <= 0) { PyErr_Clear(); Py_XDECREF(shape); Py_XDECREF(dtype); Py_RETURN_NONE; }
+        }
+        if (sl->dtype != dtype || sl->device != device) continue;
+        if (PyTuple_GET_SIZE(sl->rest) != n - 1) continue;
+        int eq = same(sl->shape, shape);
+        for (Py_ssize_t j = 1; eq == 1 && j < n; j++)
+            eq = same(PyTuple_GET_ITEM(sl->rest, j - 1), PyTuple_GET_ITEM(args, j));
+        if (eq == 1) {
+            if (no_kwargs(kwargs) && sl->kwargs == NULL) eq = 1;
+            else if (no_kwargs(kwargs) || sl->kwargs == NULL) eq = 0;
+            else eq = same(sl->kwargs, kwargs);
+        }
+        if (eq < 0) { PyErr_Clear(); continue; }
+        if (eq) { found = i; break; }
+    }
+    Py_XDECREF(shape);
+    Py_XDECREF(dtype);
+    if (found < 0) Py_RETURN_NONE;
+    Entry *e = self->slots[found].entry;
+    Py_INCREF(e);
+    PyObject *r = entry_run(e, x, Py_None, 1);
+    Py_DECREF(e);
+    if (r && r != Py_None) self->hits++;
+    return r;
+}
+
+/* remember(args, kwargs, entry): serve this call form with entry from now on */
+static PyObject *dispatch_remember(Dispatch *self, PyObject *a) {
+    PyObject *args, *kwargs, *entry;
+    if (!PyArg_ParseTuple(a, "O!OO!", &PyTuple_Type, &args, &kwargs, &EntryType, &entry))
+        return NULL;
+    if (PyTuple_GET_SIZE(args) < 1) Py_RETURN_NONE;
+    PyObject *shape, *dtype;
+    long long device;
+    int c = describe(PyTuple_GET_ITEM(args, 0), &shape, &dtype, &device);
+    if (c <= 0) { PyErr_Clear(); Py_XDECREF(shape); Py_XDECREF(dtype); Py_RETURN_NONE; }
+    PyObject *rest = PyTuple_GetSlice(args, 1, PyTuple_GET_SIZE(args));
+    if (!rest) { Py_DECREF(shape); Py_DECREF(dtype); return NULL; }
+    PyObject *kwcopy = NULL;
+    if (!no_kwargs(kwargs)) {
+        kwcopy = PyDict_Copy(kwargs);
+        if (!kwcopy) { Py_DECREF(rest); Py_DECREF(shape); Py_DECREF(dtype); return NULL; }
+    }
+    int i = self->next;  /* a free or retired slot first, else round robin */
+    for (int j = 0; j < NSLOTS; j++)
+        if (!self->slots[j].entry || self->slots[j].entry->retired) { i = j; break; }
+    if (i == self->next) self->next = (self->next + 1) % NSLOTS;
+    Slot *sl = &self->slots[i];
+    slot_clear(sl);
+    sl->rest = rest; sl->kwargs = kwcopy; sl->shape = shape; sl->dtype = dtype;
+    sl->device = device;
+    Py_INCREF(entry);
+    sl->entry = (Entry *)entry;
+    Py_RETURN_NONE;
+}
+
+static PyObject *dispatch_forget(Dispatch *self, PyObject *unused) {
+    dispatch_clear(self);
+    Py_RETURN_NONE;
+}
+
+static PyObject *dispatch_get_hits(Dispatch *self, void *closure) {
+    return PyLong_FromLongLong(self->hits);
+}
+
+static PyMethodDef dispatch_methods[] = {
+    {"remember", (PyCFunction)dispatch_remember, METH_VARARGS,
+     "remember(args, kwargs, entry): serve this call form with entry"},
+    {"forget", (PyCFunction)dispatch_forget, METH_NOARGS, "drop every call form"},
+    {NULL}
+};
+
+static PyGetSetDef dispatch_getset[] = {
+    {"hits", (getter)dispatch_get_hits, NULL, "calls served", NULL},
+    {NULL}
+};
+
+static PyTypeObject DispatchType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "commlab._fastcall.Dispatch",
+    .tp_basicsize = sizeof(Dispatch),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "A public collective's repeated call forms: Dispatch()(args, kwargs) -> output or None.",
+    .tp_new = PyType_GenericNew,
+    .tp_dealloc = (destructor)dispatch_dealloc,
+    .tp_traverse = (traverseproc)dispatch_traverse,
+    .tp_clear = (inquiry)dispatch_clear,
+    .tp_call = (ternaryfunc)dispatch_call,
+    .tp_methods = dispatch_methods,
+    .tp_getset = dispatch_getset,
+};
+
+/* Py_REFCNT of lst[0]: what an output only the plan's list holds reads as here. */
+static PyObject *item_refcount(PyObject *mod, PyObject *lst) {
+    if (!PyList_Check(lst) || PyList_GET_SIZE(lst) < 1) {
+        PyErr_SetString(PyExc_TypeError, "item_refcount: a non-empty list");
+        return NULL;
+    }
+    return PyLong_FromSsize_t(Py_REFCNT(PyList_GET_ITEM(lst, 0)));
+}
+
+static PyMethodDef methods[] = {
+    {"item_refcount", item_refcount, METH_O, "Py_REFCNT(lst[0])"},
+    {NULL, NULL, 0, NULL}
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_fastcall", "A launch plan's repeated call in C.", -1, methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__fastcall(void) {
+#define INTERN(v, s) if (!(v = PyUnicode_InternFromString(s))) return NULL
+    INTERN(s_lock, "_lock"); INTERN(s_acquire, "acquire"); INTERN(s_release, "release");
+    INTERN(s_seq, "seq"); INTERN(s_enabled, "enabled"); INTERN(s_last, "last");
+    INTERN(s_pending, "pending"); INTERN(s_drains, "drains"); INTERN(s_words, "words");
+    INTERN(s_entered, "entered"); INTERN(s_mine, "_mine");
+    INTERN(s_publish_record, "publish_record"); INTERN(s_last_published, "last_published");
+    INTERN(s_popleft, "popleft"); INTERN(s_append, "append"); INTERN(s_data_ptr, "data_ptr");
+    INTERN(s_use_count, "_use_count"); INTERN(s_requires_grad, "requires_grad");
+    INTERN(s_note, "note"); INTERN(s_base, "_base");
+    INTERN(s_shape, "shape"); INTERN(s_dtype, "dtype"); INTERN(s_get_device, "get_device");
+    INTERN(s_is_contiguous, "is_contiguous");
+#undef INTERN
+    if (PyType_Ready(&EntryType) < 0 || PyType_Ready(&DispatchType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (!m) return NULL;
+    Py_INCREF(&EntryType);
+    if (PyModule_AddObject(m, "Entry", (PyObject *)&EntryType) < 0) {
+        Py_DECREF(&EntryType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&DispatchType);
+    if (PyModule_AddObject(m, "Dispatch", (PyObject *)&DispatchType) < 0) {
+        Py_DECREF(&DispatchType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,80 @@
+"""Rank function for tests/test_native_fastcall.py: repeated calls served by the launch
+plan's C twin stay correct, never hand out a result the caller holds, and a mismatch one
+rank makes while the other runs ahead through the C path raises on every rank."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+import commlab
+from tests.worlds._checks import Checks
+
+
+def _hits(comm) -> int:
+    """Calls served in C: by a plan's entry, called from Python or from the dispatch."""
+    return sum(p.entry.hits for p in comm.plans.values() if p.entry is not None)
+
+
+def native_world(comm) -> dict:
+    checks = Checks(comm.rank)
+    rank, world = comm.rank, comm.world_size
+    texts: dict = {}
+
+    with checks.case("served", "repeated calls are served in C and stay right"):
+        x = torch.arange(40, dtype=torch.float32) + rank
+        before_hits, before_waits = _hits(comm), comm.control.waits
+        for i in range(20):
+            x[0] = i + rank  # a new value each call: the result must follow it
+            out = commlab.all_reduce(x)
+            want = torch.arange(40, dtype=torch.float32) * world + sum(range(world))
+            want[0] = i * world + sum(range(world))
+            assert torch.equal(out, want), (i, out[:4], want[:4])
+        served, waited = _hits(comm) - before_hits, comm.control.waits - before_waits
+        assert served >= 18, f"only {served} of 20 repeated calls took the C path"
+        assert waited <= 2, f"{waited} of 20 repeated calls waited"
+        g = torch.full((8,), float(rank))
+        for _ in range(5):  # alternating ops: each call changes plan, so each waits
+            gathered = torch.arange(world).repeat_interleave(8).float()
+            assert torch.equal(commlab.all_gather(g), gathered)
+            assert torch.equal(commlab.broadcast(g, src=1), torch.full((8,), 1.0))
+
+    with checks.case("held", "a result the caller holds is never written again"):
+        x = torch.zeros(16)
+        kept = []
+        for i in range(8):
+            x.fill_(i)
+            kept.append(commlab.all_reduce(x))
+        for i, t in enumerate(kept):
+            assert torch.equal(t, torch.full((16,), float(i * world))), (i, t[:2])
+        assert len({t.data_ptr() for t in kept}) == len(kept)
+
+    with checks.case("reuse", "a dropped result's buffer is handed out again"):
+        x = torch.ones(20)  # not the held section's plan: its 4 outputs are all held
+        ptrs = {commlab.all_reduce(x).data_ptr() for _ in range(10)}
+        assert len(ptrs) <= 2, f"{len(ptrs)} buffers for 10 dropped results"
+
+    with checks.case("mismatch", "a mismatch behind a C-path call raises on every rank"):
+        x = torch.arange(24, dtype=torch.float32)
+        commlab.all_reduce(x)
+        commlab.all_reduce(x)
+        msg, hits = "", _hits(comm)
+        try:
+            if rank == 1:
+                commlab.all_reduce(x, op="max")
+            else:
+                commlab.all_reduce(x)  # runs ahead in C: the mismatch is not known yet
+                assert _hits(comm) == hits + 1, "the repeated call did not take the C path"
+                commlab.all_reduce(x)  # the C path sees the digest differ, hands over
+        except commlab.RankMismatchError as e:
+            msg = str(e)
+        assert msg, f"rank {rank}: no RankMismatchError"
+        every = [None] * world
+        dist.all_gather_object(every, msg)
+        assert len(set(every)) == 1, f"the ranks raised different texts: {every}"
+        texts["mismatch"] = msg
+        out = commlab.all_reduce(x)
+        assert torch.equal(out, x * world), out
+
+    commlab.synchronize()
+    return {**checks.result(), "texts": texts}
