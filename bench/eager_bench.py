@@ -186,11 +186,15 @@ def time_us(comm, call, *, reps: int, inner: int, warmup: int) -> float:
 @contextlib.contextmanager
 def legacy_plans(comm):
     """Launch plans as before issue 29: ``kernel[grid]`` with tensors, a fresh output per
-    call, the agreement through ``agree`` (Signature, bytes compared)."""
-    from commlab.collectives import _outputs
+    call, the agreement through ``agree`` (Signature, bytes compared), no C entry."""
+    from commlab.collectives import _outputs, _plan
 
     control = comm.control
     saved = {k: p.fire for k, p in comm.plans.items()}
+    for p in comm.plans.values():  # the public functions' dispatch skips retired entries
+        if p.entry is not None:
+            p.entry.retire()
+            p.entry = None
     reuse = _outputs.REUSE[0]
     repeat = control.repeat
     _outputs.REUSE[0] = False
@@ -205,6 +209,7 @@ def legacy_plans(comm):
         for k, fire in saved.items():
             if k in comm.plans:
                 comm.plans[k].fire = fire
+                _plan.build_entry(comm, comm.plans[k])
 
 
 # --- the run ------------------------------------------------------------------------

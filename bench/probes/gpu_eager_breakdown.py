@@ -131,6 +131,7 @@ def main() -> int:
         "outputs.take": lambda: plan.outputs.take(x, s, False),
         "fire (C launcher, bound)": lambda: fire(s, xp, op, *ints),
         "floor: lookup+stream+ptr+fire": floor,
+        "plan.entry (C) from Python": (lambda: plan.entry(x)) if plan.entry is not None else None,
         "fast_call": lambda: fast_call(comm, key, x),
         "_host.run": lambda: run(ALL_REDUCE, x, "auto", "sum"),
         "commlab.all_reduce": lambda: commlab.all_reduce(x),
@@ -142,12 +143,14 @@ def main() -> int:
     base = per_call_ns(rows.pop("empty lambda"), a.iters, a.reps)
     res["empty lambda"] = base
     for name, fn in rows.items():
+        if fn is None:
+            continue
         try:
             res[name] = per_call_ns(fn, a.iters, a.reps) - base
         except Exception as e:  # noqa: BLE001
             res[name] = f"error: {e!r:.200}"
         comm.synchronize()
-    info = {"toolchain": toolchain(), "bytes": a.bytes, "tier": dict(_launcher.TIERS),
+    info = {"toolchain": toolchain(), "native": os.environ.get("COMMLAB_NATIVE", "1"), "bytes": a.bytes, "tier": dict(_launcher.TIERS),
             "runner_launch": type(runner_launch).__name__, "words": words is not None,
             "python": sys.version.split()[0], "torch": torch.__version__,
             "device": torch.cuda.get_device_name(0), "ns_per_call": res}

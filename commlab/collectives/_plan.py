@@ -61,6 +61,7 @@ class Plan:
     book: _records.Book | None = None  # the communicator's call records (None: off)
     dtype: str = ""  # the input's dtype as call records name it
     entry: Any = None  # the C twin of a repeated call (runtime._native), None: Python
+    capture_choice: bool = False  # "auto" chooses afresh inside a CUDA-graph capture
 
     def retire(self) -> None:
         """The plan left its communicator: its C entry serves no call again."""
@@ -111,6 +112,15 @@ def fast_call(comm, key: tuple, x, out=None, dispatch: bool = True) -> torch.Ten
     return out
 
 
+def build_entry(comm, plan: Plan) -> None:
+    """Give ``plan`` its C entry (none with ``COMMLAB_NATIVE=0`` or without the module)."""
+    plan.entry = None
+    if _config.get("COMMLAB_NATIVE"):
+        plan.entry = _entry(comm, plan, lambda x, out: _host_launch(comm, plan, x, out))
+        if plan.entry is not None and plan.capture_choice:
+            plan.entry.set_capture_choice(True)
+
+
 def _host_launch(comm, plan: Plan, x: torch.Tensor, out: torch.Tensor) -> None:
     """A CPU plan's launch under its span (the C twin calls it after the agreement)."""
     with traced(plan.sig.op, plan.nbytes, plan.algorithm, comm.device, x, comm):
@@ -155,10 +165,8 @@ def remember(comm, key: tuple | None, call, *, algorithm: str, nbytes: int, laun
         plan.dtype = str(key[2]).replace("torch.", "")
         if compiled is not None:
             _bind(plan, x)
-    if _config.get("COMMLAB_NATIVE"):
-        plan.entry = _entry(comm, plan, lambda x, out: _host_launch(comm, plan, x, out))
-        if plan.entry is not None and capture_choice and key[-1] == "auto":
-            plan.entry.set_capture_choice(True)
+    plan.capture_choice = capture_choice and key[-1] == "auto"
+    build_entry(comm, plan)
     comm.plans[key] = plan
     shape, dtype = key[1], key[2]
     comm.control.ahead.allow(plan.raw, lambda: _drain(comm, plan, shape, dtype))
