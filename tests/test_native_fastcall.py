@@ -28,7 +28,7 @@ def results():
     return run_world(native_world, 2, timeout=180, env={"COMMLAB_TIMEOUT": "30"})
 
 
-@pytest.mark.parametrize("section", ["served", "held", "reuse", "mismatch"])
+@pytest.mark.parametrize("section", ["served", "held", "reuse", "mismatch", "inplace"])
 def test_repeated_calls_in_c(results, section):
     assert_checks(results, section)
 

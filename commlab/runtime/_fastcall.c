@@ -553,6 +553,7 @@ typedef struct {
     PyObject_HEAD
     Slot slots[NSLOTS];
     int next;          /* the slot the next remember() overwrites */
+    int inplace;       /* the function writes its result into x (out=x) */
     long long hits;
 } Dispatch;
 
@@ -640,7 +641,7 @@ static PyObject *dispatch_call(Dispatch *self, PyObject *a, PyObject *kw) {
     if (found < 0) Py_RETURN_NONE;
     Entry *e = self->slots[found].entry;
     Py_INCREF(e);
-    PyObject *r = entry_run(e, x, Py_None, 1);
+    PyObject *r = entry_run(e, x, self->inplace ? x : Py_None, 1);
     Py_DECREF(e);
     if (r && r != Py_None) self->hits++;
     return r;
@@ -676,6 +677,14 @@ static PyObject *dispatch_remember(Dispatch *self, PyObject *a) {
     Py_RETURN_NONE;
 }
 
+static int dispatch_init(Dispatch *self, PyObject *args, PyObject *kw) {
+    static char *names[] = {"inplace", NULL};
+    int inplace = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|p", names, &inplace)) return -1;
+    self->inplace = inplace;
+    return 0;
+}
+
 static PyObject *dispatch_forget(Dispatch *self, PyObject *unused) {
     dispatch_clear(self);
     Py_RETURN_NONE;
@@ -702,8 +711,9 @@ static PyTypeObject DispatchType = {
     .tp_name = "commlab._fastcall.Dispatch",
     .tp_basicsize = sizeof(Dispatch),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "A public collective's repeated call forms: Dispatch()(args, kwargs) -> output or None.",
+    .tp_doc = "A public collective's repeated call forms: Dispatch(inplace=False)(args, kwargs) -> output or None.",
     .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)dispatch_init,
     .tp_dealloc = (destructor)dispatch_dealloc,
     .tp_traverse = (traverseproc)dispatch_traverse,
     .tp_clear = (inquiry)dispatch_clear,

@@ -119,10 +119,11 @@ def free_refs(mod) -> tuple[int, int]:
 
 
 
-def dispatch():
-    """A new ``Dispatch`` for one public collective, or None without the C module."""
+def dispatch(inplace: bool = False):
+    """A new ``Dispatch`` for one public collective (``inplace``: it writes its result
+    into its input), or None without the C module."""
     mod = module()
-    return mod.Dispatch() if mod is not None else None
+    return mod.Dispatch(inplace=inplace) if mod is not None else None
 
 
 class Plans(dict):

@@ -33,7 +33,7 @@ def writable(out: torch.Tensor, inp: torch.Tensor) -> bool:
     return a + out.nbytes <= b or b + inp.nbytes <= a
 
 
-@publishes_local_errors("all_reduce")
+@publishes_local_errors("all_reduce", dispatch="inplace")
 def all_reduce_(x: torch.Tensor, op: str, algorithm: str) -> torch.Tensor:
     """The reduction of every rank's ``x`` into ``x``."""
     return run(ALL_REDUCE, x, algorithm, op, out=x)
@@ -57,7 +57,7 @@ def all_to_all(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     return run(ALL_TO_ALL, x, "auto", out=out)
 
 
-@publishes_local_errors("broadcast")
+@publishes_local_errors("broadcast", dispatch="inplace")
 def broadcast_(x: torch.Tensor, src: int) -> torch.Tensor:
     """``src``'s ``x`` into ``x`` on every rank."""
     return run(BROADCAST, x, "auto", src, out=x)

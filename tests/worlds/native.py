@@ -76,5 +76,17 @@ def native_world(comm) -> dict:
         out = commlab.all_reduce(x)
         assert torch.equal(out, x * world), out
 
+    with checks.case("inplace", "the torch backend's in-place all_reduce is served in C"):
+        from commlab.torch_backend import _into
+
+        t = torch.zeros(12)
+        hits = _hits(comm)
+        for i in range(10):
+            t.fill_(i + rank)
+            y = _into.all_reduce_(t, "sum", "auto")
+            assert y.data_ptr() == t.data_ptr(), "not reduced into the caller's tensor"
+            assert torch.equal(t, torch.full((12,), float(i * world + sum(range(world))))), t
+        assert _hits(comm) - hits >= 8, f"{_hits(comm) - hits} of 10 in-place calls in C"
+
     commlab.synchronize()
     return {**checks.result(), "texts": texts}
