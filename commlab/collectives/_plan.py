@@ -115,7 +115,8 @@ def fast_call(comm, key: tuple, x, out=None, dispatch: bool = True) -> torch.Ten
 def build_entry(comm, plan: Plan) -> None:
     """Give ``plan`` its C entry (none with ``COMMLAB_NATIVE=0`` or without the module)."""
     plan.entry = None
-    if _config.get("COMMLAB_NATIVE"):
+    mode = _config.get("COMMLAB_NATIVE")  # True, False or "cpu" (that backend only)
+    if mode is True or mode == "cpu" and comm.backend == "cpu":
         plan.entry = _entry(comm, plan, lambda x, out: _host_launch(comm, plan, x, out))
         if plan.entry is not None and plan.capture_choice:
             plan.entry.set_capture_choice(True)
