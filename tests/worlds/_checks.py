@@ -108,3 +108,11 @@ def same_on_every_rank(t: torch.Tensor) -> bool:
     parts = [torch.empty_like(raw.int()) for _ in range(dist.get_world_size())]
     dist.all_gather(parts, raw.int())
     return all(torch.equal(p, parts[0]) for p in parts)
+
+
+def same_error_everywhere(msg: str, rank: int, world: int, where: str = "") -> None:
+    """Every rank raised an error (``msg`` non-empty) and all raised the same text."""
+    assert msg, f"rank {rank}: no RankMismatchError{f' by the {where}' if where else ''}"
+    every = [None] * world
+    dist.all_gather_object(every, msg)
+    assert len(set(every)) == 1, f"the ranks raised different texts: {every}"

@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 import commlab
 from commlab.runtime import Signature
-from tests.worlds._checks import Checks
+from tests.worlds._checks import Checks, same_error_everywhere
 
 
 def _waits(comm) -> int:
@@ -41,10 +41,7 @@ def _late_mismatch(checks: Checks, texts: dict, section: str, comm, x, wrong,
                     commlab.all_reduce(x)
         except commlab.RankMismatchError as e:
             msg = str(e)
-        assert msg, f"rank {rank}: no RankMismatchError by the {where}"
-        every = [None] * world
-        dist.all_gather_object(every, msg)
-        assert len(set(every)) == 1, f"the ranks raised different texts: {every}"
+        same_error_everywhere(msg, rank, world, where)
         texts[section] = msg
     with checks.case(section, "the next correct call works"):
         out = commlab.all_reduce(x)
