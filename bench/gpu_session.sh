@@ -13,6 +13,9 @@
 #   abort    bench/checks/gpu_elastic_abort.py --ranks 2 (the abort word in GPU spins)
 #   adaptb   bench/adapt_bench.py --backend cuda --ranks 2 (online selection while
 #            conditions change, issue 30 item 3)
+#   native   bench/probes/gpu_eager_breakdown.py with the C twin on and off (COMMLAB_NATIVE
+#            1 / 0: where an eager call's host microseconds go), then the shared-GPU suite on
+#            2 ranks with it on (what must pass before COMMLAB_NATIVE's default includes GPUs)
 #   STEPS="w2 w4" bash bench/gpu_session.sh   (default: every step; about 15 minutes)
 set -u
 cd "$(dirname "$0")/.."
@@ -21,6 +24,13 @@ source bench/_steps.sh
 gpu_env session.log
 $PY -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/null 2>&1 \
   || echo "could not install commlab (the %%distributed check will fail to load it)"
+ONE="env RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1"
+step native "eager host cost, C twin on" 100 $ONE MASTER_PORT=29541 COMMLAB_NATIVE=1 \
+  $PY bench/probes/gpu_eager_breakdown.py --iters 10000 --reps 5 --out "$OUTDIR/eager-breakdown-native.json"
+step native "eager host cost, C twin off" 100 $ONE MASTER_PORT=29542 COMMLAB_NATIVE=0 \
+  $PY bench/probes/gpu_eager_breakdown.py --iters 10000 --reps 5 --out "$OUTDIR/eager-breakdown-python.json"
+step native "suite, 2 ranks, C twin on" 170 env COMMLAB_NATIVE=1 $PY bench/checks/gpu_shared_suite.py \
+  --ranks 2 --timeout 150 --out "$OUTDIR/gpu-shared-w2-native.json"
 step launch "eager plan launcher tiers" 100 $PY bench/checks/gpu_eager_launch.py \
   --out "$OUTDIR/h200-eager-launch-check.json"
 step eager1 "eager per-call times, one rank" 220 $PY bench/eager_bench.py --out "$OUTDIR"
