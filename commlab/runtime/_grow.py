@@ -36,7 +36,6 @@ import hashlib
 import json
 import os
 import socket
-import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -46,7 +45,7 @@ import torch
 import torch.distributed as dist
 
 from commlab.errors import CollectiveTimeoutError, CommlabError, CommlabUsageError
-from commlab.runtime import _auth, _bootstrap, _settings, _shm
+from commlab.runtime import _auth, _bootstrap, _settings, _shm, _watched_groups
 from commlab.runtime import communicator as _c
 from commlab.runtime._control import ControlBlock
 from commlab.runtime._cross import HostsAgreement
@@ -404,37 +403,22 @@ def _connect(comm: _c.Communicator, prefix: str, point: str) -> None:
 
 def connect_group(members: Membership, prefix: str, point: str,
                   then: Callable | None = None) -> tuple[dist.ProcessGroup, Any]:
-    """``_connect``'s default group over ``members``, and what ``then()`` returned (run
-    in the same thread once the group is made: the groups of a world across hosts)."""
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    """``_connect``'s default group over ``members``, and what ``then(attempt)`` returned
+    (run in the same thread once the group is built: the groups of a world across hosts).
+    The thread only builds them; they are registered here once it connected
+    (``_watched_groups.connect``: a connect given up leaves nothing behind)."""
     assert members.store is not None
     # a connection of its own: a thread left blocked in gloo's rendezvous (a rank died)
     # would otherwise hold the store's one socket until gloo's timeout, and with it every
     # store call of this process (shrink's agreement included)
     clone = getattr(members.store, "clone", None)
-    store = clone() if clone is not None else members.store
-    box: dict = {}
+    store = dist.PrefixStore(f"{prefix}/pg", clone() if clone is not None else members.store)
 
-    def connect() -> None:
-        try:
-            dist.init_process_group(
-                "gloo", store=dist.PrefixStore(f"{prefix}/pg", store),
-                rank=members.rank, world_size=members.world_size,
-                timeout=timedelta(seconds=max(members.timeout, 30)))
-            box["pg"] = dist.group.WORLD
-            box["then"] = then() if then is not None else None
-        except BaseException as e:  # noqa: BLE001 - raised by the waiting thread
-            box["error"] = e
+    def build(attempt: _watched_groups.Attempt) -> tuple:
+        pg = attempt.default("gloo")
+        return pg, then(attempt) if then is not None else None
 
-    t = threading.Thread(target=connect, name="commlab-grow-group", daemon=True)
-    t.start()
-    reach(point)
-    while t.is_alive():
-        t.join(0.005)
-        if t.is_alive():
-            members.check("commlab.grow (connecting the grown world's group)", "grow")
-    if "error" in box:  # gloo's own error for a member that died meanwhile
-        lost = members.behind(box["error"], "commlab.grow (connecting the grown world's group)")
-        raise lost or box["error"]
-    return box["pg"], box["then"]
+    limit = timedelta(seconds=max(members.timeout, 30))
+    return _watched_groups.connect(members, store, limit, build, point,
+                                   "commlab.grow (connecting the grown world's group)",
+                                   "grow", "commlab-grow-group")

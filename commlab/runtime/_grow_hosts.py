@@ -175,8 +175,8 @@ def _connect(comm: _c.Communicator, prefix: str, point: str) -> None:
     assert members is not None and comm.across is not None
     assert comm._world is not None and local._world is not None
     hosts = comm.across.hosts
-    pg, made = connect_group(members, prefix, point, lambda: make_groups(
-        "cpu", False, hosts, members.rank, members.timeout))
+    pg, made = connect_group(members, prefix, point, lambda attempt: make_groups(
+        "cpu", False, hosts, members.rank, members.timeout, new_group=attempt.new_group))
     group, groups = made
     comm.group = comm.cpu_group = pg
     comm._world = dataclasses.replace(comm._world, group=pg, cpu_group=pg)

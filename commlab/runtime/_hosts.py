@@ -21,6 +21,7 @@ stands in for the ranks its host lacks, in several groups (``HostGroups.extra``)
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -168,17 +169,19 @@ def split(world: World, hosts: list[list[int]], timeout_s: float) -> tuple[World
 
 
 def make_groups(backend: str, shared: bool, hosts: list[list[int]], rank: int,
-                timeout_s: float) -> tuple[dist.ProcessGroup, HostGroups]:
+                timeout_s: float, new_group: Callable[..., dist.ProcessGroup] = dist.new_group,
+                ) -> tuple[dist.ProcessGroup, HostGroups]:
     """This host's group and the groups between hosts, over torch.distributed's default
     group (``rank``: ours in it). Collective: every rank makes every group, in the same
-    order (one per host, then one per local index)."""
+    order (one per host, then one per local index); ``new_group``: how (a connect's
+    ``_watched_groups.Attempt.new_group`` builds them in its thread, registered later)."""
     pg = "gloo" if backend == "cpu" or shared else "cpu:gloo,cuda:nccl"  # NCCL: no shared GPU
     limit = timedelta(seconds=max(timeout_s, 30))
     host = next(i for i, h in enumerate(hosts) if rank in h)
     local_index = hosts[host].index(rank)
-    local_groups = [dist.new_group(h, backend=pg, timeout=limit) for h in hosts]
+    local_groups = [new_group(h, backend=pg, timeout=limit) for h in hosts]
     cross = cross_sets(hosts)
-    cross_groups = [dist.new_group(sorted(c), backend=pg, timeout=limit) for c in cross]
+    cross_groups = [new_group(sorted(c), backend=pg, timeout=limit) for c in cross]
     host_of = {r: i for i, h in enumerate(hosts) for r in h}
 
     def placed(i: int) -> tuple[dist.ProcessGroup, list[int], list[int]]:

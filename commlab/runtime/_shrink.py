@@ -25,7 +25,6 @@ several hosts as a world across those hosts (``_shrink_hosts``).
 from __future__ import annotations
 
 import dataclasses
-import threading
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -34,18 +33,17 @@ import torch
 import torch.distributed as dist
 
 from commlab.errors import CommlabUsageError, RankLostError
-from commlab.runtime import _shrink_hosts, wait_records
+from commlab.runtime import _shrink_hosts, _watched_groups, wait_records
 from commlab.runtime import communicator as _c
 from commlab.runtime._control import ControlBlock
-from commlab.runtime._kill_points import reach
 from commlab.runtime.heap import FLAGS_BYTES, SIGNAL_PAD_BYTES
 from commlab.runtime.membership import ABANDONED, Membership, agree
 
 # The "commlab" torch.distributed backend (a higher layer) registers how its default group
 # is made again over the survivors: ``owns()`` says whether the default group is its own;
-# ``regroup(store, rank, size, timeout)`` retires its old groups (main thread) and returns
-# ``connect()``, run in the watched thread, which makes the new default group and returns
-# the Communicator's (group, cpu_group).
+# ``regroup(size)`` retires its old groups (main thread) and returns ``connect(attempt)``,
+# run in the watched thread, which builds the new default group and the Communicator's
+# (group, cpu_group) through the ``_watched_groups.Attempt`` (registered once it connected).
 _TORCH_REGROUP: list = [None]
 
 
@@ -158,48 +156,28 @@ def _regroup(world, prefix: str, new: Membership, timeout: float, torch_backend:
              then: Callable | None = None) -> tuple[dist.ProcessGroup, dist.ProcessGroup, Any]:
     """torch.distributed's default group again, over the survivors only (commlab's gloo
     group, or the torch backend's: ``torch_backend``); returns the Communicator's group
-    and cpu_group, and what ``then()`` returned (run in the same thread once the default
-    group is made: the groups of a world across hosts), or None. Connecting
-    blocks in gloo until every member joined (or gloo's timeout), so it runs in a thread
-    while this one watches the members: one lost meanwhile raises RankLostError (the
-    thread, on a store connection of its own, is left to fail at its timeout; it never
-    sets the default group), and so does an error gloo raises for a member that died
-    (``Membership.behind``)."""
+    and cpu_group, and what ``then(attempt)`` returned (run in the same thread once the
+    default group is built: the groups of a world across hosts), or None. Connecting
+    blocks in gloo until every member joined, so it runs in a thread this one watches
+    (``_watched_groups.connect``): a member lost meanwhile raises RankLostError, and so
+    does an error gloo raises for a member that died (``Membership.behind``); the thread
+    only builds groups, registered here if the attempt succeeds, so a connect given up
+    never touches the next one's."""
     assert world.store is not None  # agree() needed it
     # a connection of its own: an abandoned connect blocks in a store wait until gloo's
     # timeout, and on a shared client it would hold up every later shrink's store calls
     store = dist.PrefixStore(f"{prefix}/pg", world.store.clone())
     limit = timedelta(seconds=max(timeout, 30))
     if torch_backend:
-        make = _TORCH_REGROUP[0][1](store, new.rank, new.world_size, limit)
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    # torch names the default group by a counter that only destroy_process_group resets;
-    # an abandoned connect already took a number, which would make this group's keys
-    # differ between ranks that abandoned one and ranks that did not
-    dist.distributed_c10d._world.group_count = 0
-    box: dict = {}
+        make = _TORCH_REGROUP[0][1](new.world_size)
 
-    def connect() -> None:
-        try:
-            if torch_backend:
-                pg = make()
-            else:
-                dist.init_process_group("gloo", store=store, rank=new.rank,
-                                        world_size=new.world_size, timeout=limit)
-                pg = (dist.group.WORLD, dist.group.WORLD)
-            box["pg"] = (*pg, then() if then is not None else None)
-        except BaseException as e:  # noqa: BLE001 - raised by the waiting thread
-            box["error"] = e
+    def build(attempt: _watched_groups.Attempt) -> tuple:
+        if torch_backend:
+            pg = make(attempt)
+        else:
+            pg = (attempt.default("gloo"),) * 2
+        return (*pg, then(attempt) if then is not None else None)
 
-    t = threading.Thread(target=connect, name="commlab-regroup", daemon=True)
-    t.start()
-    reach("shrink.regroup")
-    while t.is_alive():
-        t.join(0.005)
-        if t.is_alive():
-            new.check("commlab.shrink (connecting the survivors' group)", "shrink")
-    if "error" in box:  # gloo's own error for a member gone meanwhile is RankLostError
-        lost = new.behind(box["error"], "commlab.shrink (connecting the survivors' group)")
-        raise lost or box["error"]
-    return box["pg"]
+    return _watched_groups.connect(new, store, limit, build, "shrink.regroup",
+                                   "commlab.shrink (connecting the survivors' group)",
+                                   "shrink", "commlab-regroup")

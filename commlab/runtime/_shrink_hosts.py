@@ -44,9 +44,10 @@ def first_of_host(m: Membership, decision: list[int]) -> bool:
 
 
 def groups_maker(backend: str, new: Membership, timeout: float):
-    """The call ``_regroup`` runs once the survivors' default group is made."""
+    """The call ``_regroup`` runs once the survivors' default group is built."""
     hosts = host_lists(new)
-    return lambda: make_groups(backend, False, hosts, new.rank, timeout)
+    return lambda attempt: make_groups(backend, False, hosts, new.rank, timeout,
+                                       new_group=attempt.new_group)
 
 
 def across_world(old: _c.Communicator, here: _c.Communicator, new: Membership,

@@ -12,6 +12,7 @@ backward that failed midway leaves DDP's reducer mid-iteration anyway).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch.distributed as dist
 
@@ -23,11 +24,12 @@ def owns_default() -> bool:
     return isinstance(dist.group.WORLD, CommlabProcessGroup)
 
 
-def regroup(store: dist.Store, rank: int, size: int, timeout) -> Callable[[], tuple]:
+def regroup(size: int) -> Callable[[Any], tuple]:
     """Retire every "commlab" group now (they must not close the Communicator when
     ``shrink`` destroys them); return the connect step ``shrink`` runs in its watched
-    thread: the new default group, then the Communicator's gloo group, both blocking
-    until every survivor connected."""
+    thread: it builds, through ``attempt`` (a ``commlab.runtime._watched_groups.Attempt``,
+    which ``shrink`` registers once every survivor connected), the new default group, then
+    the Communicator's gloo group, both blocking until every survivor connected."""
     from commlab.torch_backend._group import CommlabProcessGroup
 
     groups = [pg for pg in dist.distributed_c10d._world.pg_map
@@ -40,10 +42,9 @@ def regroup(store: dist.Store, rank: int, size: int, timeout) -> Callable[[], tu
             f"and wrap a model in DistributedDataParallel again (DDP divides gradients by "
             f"the size its group had when it was made)")
 
-    def connect() -> tuple:
-        dist.init_process_group("commlab", store=store, rank=rank, world_size=size,
-                                timeout=timeout)
-        cpu = dist.new_group(backend="gloo")
+    def connect(attempt) -> tuple:
+        attempt.default("commlab")  # dist.init_process_group("commlab")
+        cpu = attempt.new_group(backend="gloo")  # dist.new_group(backend="gloo")
         return cpu, cpu
 
     return connect
