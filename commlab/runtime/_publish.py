@@ -92,6 +92,8 @@ def published(current: Callable[[], Any]) -> Callable[..., Callable[[F], F]]:
                     raise AssertionError("a published local error always raises") from e
                 finally:
                     _DEPTH[0] -= 1
+                    if not outer:  # a call inside another (across hosts: the host's own
+                        SERVED.append(None)  # collective): the outer one is not one plan
                 if dispatch and outer and len(SERVED) == 1 and SERVED[0] is not None:
                     if d is None:
                         d = fast[0] = _native.dispatch(dispatch == "inplace") or False
