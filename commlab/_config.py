@@ -96,10 +96,9 @@ VARS: dict[str, Var] = {v.name: v for v in (
     Var("COMMLAB_FAST_LAUNCH", "1", _flag,
         "`0` turns the cached launch plans off (every call goes through `kernel[grid]`)",
         "commlab.collectives", at_import=True),
-    Var("COMMLAB_NATIVE", "cpu", _cpu_or_flag,
-        "`cpu`: repeated calls on the CPU backend run the launch plan's C twin; `1`: on "
-        "GPUs too (not yet run on a GPU: `bench/probes/gpu_eager_breakdown.py` and the "
-        "shared-GPU suite with it on come first); `0`: the Python launch plan everywhere "
+    Var("COMMLAB_NATIVE", "1", _cpu_or_flag,
+        "`0` keeps repeated calls on the Python launch plan instead of its C twin; `cpu` "
+        "uses the C twin on the CPU backend only "
         "(`runtime/_fastcall.c`, compiled on first use with the C compiler Triton uses)",
         "commlab.runtime"),
     Var("COMMLAB_NATIVE_DIR", None, str,
