@@ -35,6 +35,7 @@ from commlab.runtime import records as _records
 from commlab.runtime._control import Record, Signature
 from commlab.runtime._publish import SERVED as _SERVED
 from commlab.trace import needed as _tracing
+from commlab.trace._recorder import RECORDER as _RECORDER
 
 _raw_stream = _launcher.raw_stream
 _is_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", lambda: False)  # CPU builds
@@ -203,11 +204,12 @@ def _entry(comm, plan, host_launch):
     common = (block, plan.record, tuple(block.peers), _ahead.SYNC_HOOK, _ahead.CALLER, layout,
               (outs.tensors, outs.storages, outs.slots), outs.take, _outputs.REUSE, use_storage,
               _native.free_refs(mod))
-    tracing, hooked, launches = _tracing, _launcher.hooked, _records.LAUNCHES
+    tracing = (_RECORDER, getattr(torch._C._autograd, "_profiler_enabled", bool))
+    hooked, launches = _launcher.hooked, _records.LAUNCHES
     tail = (plan.sig.op, plan.algorithm, plan.nbytes, plan.dtype)
     if plan.device < 0:
         return mod.Entry(*common, -1, host_launch, (), (), (), (), True, int, bool, hooked,
-                         tracing, launches, None, tail)
+                         *tracing, launches, None, tail)
     parts = getattr(plan.fire, "parts", None)
     if parts is None:
         return None
@@ -215,4 +217,4 @@ def _entry(comm, plan, host_launch):
     capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", bool)
     return mod.Entry(*common, plan.device, launcher, tuple(before), tuple(middle), tuple(after),
                      tuple(plan.ints), plan.x_aligned, _launcher.raw_stream, capturing, hooked,
-                     tracing, launches, plan.book, tail)
+                     *tracing, launches, plan.book, tail)

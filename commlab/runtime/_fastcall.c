@@ -36,6 +36,9 @@ typedef struct {
     PyObject *sync_hook;   /* _ahead.SYNC_HOOK (list) */
     PyObject *caller;      /* _ahead.CALLER (list) */
     long long ring, slot_words, state_base, state_words, checked_word, rank;
+    /* objects the block and its Ahead keep for their lifetime (set once in __init__) */
+    PyObject *acquire, *release;  /* block._lock's */
+    PyObject *pending, *drains, *words;
     /* outputs */
     PyObject *tensors, *storages, *slots;  /* Outputs' lists */
     PyObject *take;        /* Outputs.take (bound): the Python path for a new output */
@@ -51,7 +54,8 @@ typedef struct {
     PyObject *raw_stream;  /* torch._C._cuda_getCurrentRawStream */
     PyObject *capturing;   /* torch._C._cuda_isCurrentStreamCapturing */
     PyObject *hooked;      /* _launcher.hooked: a Triton launch hook is installed */
-    PyObject *tracing;     /* trace.needed: a recording or torch.profiler is on */
+    PyObject *tracing;     /* trace.RECORDER: a recording is on (its .active) */
+    PyObject *profiling;   /* torch.autograd._profiler_enabled */
     PyObject *launches;    /* runtime.records.LAUNCHES (list) */
     PyObject *book;        /* the plan's call records (Book) or None */
     PyObject *note_tail;   /* (op, algorithm, nbytes, dtype) for Book.note */
@@ -63,7 +67,7 @@ typedef struct {
 static PyObject *s_lock, *s_acquire, *s_release, *s_seq, *s_enabled, *s_last, *s_pending,
     *s_drains, *s_words, *s_entered, *s_mine, *s_publish_record, *s_last_published,
     *s_popleft, *s_append, *s_data_ptr, *s_use_count, *s_requires_grad, *s_note, *s_base,
-    *s_shape, *s_dtype, *s_get_device, *s_is_contiguous;
+    *s_shape, *s_dtype, *s_get_device, *s_is_contiguous, *s_active;
 
 static int entry_traverse(Entry *self, visitproc visit, void *arg) {
     Py_VISIT(self->block); Py_VISIT(self->ahead); Py_VISIT(self->record); Py_VISIT(self->raw);
@@ -74,7 +78,9 @@ static int entry_traverse(Entry *self, visitproc visit, void *arg) {
     Py_VISIT(self->before); Py_VISIT(self->middle); Py_VISIT(self->after);
     Py_VISIT(self->ints); Py_VISIT(self->raw_stream); Py_VISIT(self->capturing);
     Py_VISIT(self->hooked); Py_VISIT(self->tracing); Py_VISIT(self->launches);
-    Py_VISIT(self->book); Py_VISIT(self->note_tail);
+    Py_VISIT(self->book); Py_VISIT(self->note_tail); Py_VISIT(self->acquire);
+    Py_VISIT(self->release); Py_VISIT(self->pending); Py_VISIT(self->drains);
+    Py_VISIT(self->words); Py_VISIT(self->profiling);
     return 0;
 }
 
@@ -87,7 +93,9 @@ static int entry_clear(Entry *self) {
     Py_CLEAR(self->before); Py_CLEAR(self->middle); Py_CLEAR(self->after);
     Py_CLEAR(self->ints); Py_CLEAR(self->raw_stream); Py_CLEAR(self->capturing);
     Py_CLEAR(self->hooked); Py_CLEAR(self->tracing); Py_CLEAR(self->launches);
-    Py_CLEAR(self->book); Py_CLEAR(self->note_tail);
+    Py_CLEAR(self->book); Py_CLEAR(self->note_tail); Py_CLEAR(self->acquire);
+    Py_CLEAR(self->release); Py_CLEAR(self->pending); Py_CLEAR(self->drains);
+    Py_CLEAR(self->words); Py_CLEAR(self->profiling);
     return 0;
 }
 
@@ -105,13 +113,13 @@ static void entry_dealloc(Entry *self) {
 static int entry_init(Entry *self, PyObject *args, PyObject *kw) {
     PyObject *block, *record, *peers, *sync_hook, *caller, *layout, *outputs, *take, *reuse,
         *use_storage, *free_refs, *launch, *before, *middle, *after, *ints, *raw_stream,
-        *capturing, *hooked, *tracing, *launches, *book, *note_tail;
+        *capturing, *hooked, *tracing, *profiling, *launches, *book, *note_tail;
     int device, x_aligned;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOiOOOOOpOOOOOOO", &block, &record, &peers,
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOiOOOOOpOOOOOOOO", &block, &record, &peers,
                           &sync_hook, &caller, &layout, &outputs, &take, &reuse,
                           &use_storage, &free_refs, &device, &launch, &before, &middle,
                           &after, &ints, &x_aligned, &raw_stream, &capturing, &hooked,
-                          &tracing, &launches, &book, &note_tail))
+                          &tracing, &profiling, &launches, &book, &note_tail))
         return -1;
     if (!PyArg_ParseTuple(layout, "LLLLLL", &self->ring, &self->slot_words, &self->state_base,
                           &self->state_words, &self->checked_word, &self->rank))
@@ -128,7 +136,18 @@ static int entry_init(Entry *self, PyObject *args, PyObject *kw) {
     if (!PyArg_ParseTuple(outputs, "O!O!O!", &PyList_Type, &tensors, &PyList_Type, &storages,
                           &PyList_Type, &slots))
         return -1;
+    PyObject *lock = PyObject_GetAttrString(block, "_lock");
+    if (!lock) return -1;
+    self->acquire = PyObject_GetAttrString(lock, "acquire");
+    self->release = PyObject_GetAttrString(lock, "release");
+    Py_DECREF(lock);
+    self->words = PyObject_GetAttrString(block, "words");
+    if (!self->acquire || !self->release || !self->words) return -1;
     self->ahead = PyObject_GetAttrString(block, "ahead");
+    if (!self->ahead) return -1;
+    self->pending = PyObject_GetAttrString(self->ahead, "pending");
+    self->drains = PyObject_GetAttrString(self->ahead, "drains");
+    if (!self->pending || !self->drains) return -1;
     self->raw = PyObject_GetAttrString(record, "raw");
     self->sig = PyObject_GetAttrString(record, "sig");
     self->digest = PyObject_GetAttrString(record, "digest");
@@ -141,7 +160,8 @@ static int entry_init(Entry *self, PyObject *args, PyObject *kw) {
     KEEP(take, take); KEEP(reuse, reuse); KEEP(use_storage, use_storage); KEEP(launch, launch);
     KEEP(before, before); KEEP(middle, middle); KEEP(after, after); KEEP(ints, ints);
     KEEP(raw_stream, raw_stream); KEEP(capturing, capturing); KEEP(hooked, hooked);
-    KEEP(tracing, tracing); KEEP(launches, launches); KEEP(book, book);
+    KEEP(tracing, tracing); KEEP(profiling, profiling); KEEP(launches, launches);
+    KEEP(book, book);
     KEEP(note_tail, note_tail);
 #undef KEEP
     self->device = device;
@@ -210,13 +230,14 @@ static PyObject *call_site(void) {
 
 /* The agreement's run-ahead publish. 1: published call n; 0: not the steady state
  * (nothing changed that the Python path would not change alike); -1: error. */
-static int agree_ahead(Entry *self, PyObject *lock) {
-    PyObject *pending = NULL, *drains = NULL, *words = NULL, *mine = NULL;
+static int agree_ahead(Entry *self) {
+    PyObject *pending = self->pending, *drains = self->drains, *words = self->words;
+    PyObject *mine = NULL;
     Py_buffer view = {0};
     int result = 0, held = 0;
     long long seq;
 
-    PyObject *got = PyObject_CallMethodOneArg(lock, s_acquire, Py_False);
+    PyObject *got = PyObject_CallOneArg(self->acquire, Py_False);
     if (!got) return -1;
     held = (got == Py_True);
     Py_DECREF(got);
@@ -237,11 +258,8 @@ static int agree_ahead(Entry *self, PyObject *lock) {
     if (!same) goto done;
     if (attr_ll(self->block, s_seq, &seq) < 0) { result = -1; goto done; }
     long long n = seq + 1;
-    pending = PyObject_GetAttr(self->ahead, s_pending);
-    drains = PyObject_GetAttr(self->ahead, s_drains);
-    words = PyObject_GetAttr(self->block, s_words);
     mine = PyObject_GetAttr(self->block, s_mine);
-    if (!pending || !drains || !words || !mine) { result = -1; goto done; }
+    if (!mine) { result = -1; goto done; }
     Py_ssize_t npending = PyObject_Length(pending);
     if (npending < 0) { result = -1; goto done; }
     if (npending >= self->ring) goto done;
@@ -328,8 +346,8 @@ done:
         PyObject_SetAttr(self->ahead, s_last, Py_None);
         PyErr_Restore(et, ev, tb);
     }
-    Py_XDECREF(pending); Py_XDECREF(drains); Py_XDECREF(words); Py_XDECREF(mine);
-    PyObject *rel = PyObject_CallMethodNoArgs(lock, s_release);
+    Py_XDECREF(mine);
+    PyObject *rel = PyObject_CallNoArgs(self->release);
     if (!rel) return -1;
     Py_DECREF(rel);
     return result;
@@ -367,7 +385,8 @@ static PyObject *reusable(Entry *self, long long stream) {
 
 static PyObject *entry_run(Entry *self, PyObject *x, PyObject *out, int site_from_frame) {
     if (self->device >= 0) {  /* GPU: the ordinary path while anyone watches launches */
-        int t = truth_of_call(self->tracing);
+        int t = attr_is_true(self->tracing, s_active);  /* trace.needed(), inlined */
+        if (t == 0) t = truth_of_call(self->profiling);
         if (t != 0) { if (t < 0) return NULL; Py_RETURN_NONE; }
         t = truth_of_call(self->hooked);
         if (t != 0) { if (t < 0) return NULL; Py_RETURN_NONE; }
@@ -386,16 +405,13 @@ static PyObject *entry_run(Entry *self, PyObject *x, PyObject *out, int site_fro
     }
     if (self->device >= 0 && ((self->x_aligned && xp % 16) || (out != Py_None && op_ptr % 16)))
         Py_RETURN_NONE;  /* not the alignment the kernel was built for */
-    PyObject *lock = PyObject_GetAttr(self->block, s_lock);
-    if (!lock) return NULL;
     if (site_from_frame) {  /* called by the public function itself: the user's line */
         PyObject *site = call_site();
-        if (!site) { Py_DECREF(lock); return NULL; }
+        if (!site) return NULL;
         if (PyList_GET_SIZE(self->caller) > 0) PyList_SetItem(self->caller, 0, site);
         else Py_DECREF(site);
     }
-    int ran = agree_ahead(self, lock);
-    Py_DECREF(lock);
+    int ran = agree_ahead(self);
     if (ran <= 0) { if (ran < 0) return NULL; Py_RETURN_NONE; }
     /* committed: this call is published and must launch (an error now is the caller's) */
     long long stream = 0;
@@ -752,7 +768,7 @@ PyMODINIT_FUNC PyInit__fastcall(void) {
     INTERN(s_use_count, "_use_count"); INTERN(s_requires_grad, "requires_grad");
     INTERN(s_note, "note"); INTERN(s_base, "_base");
     INTERN(s_shape, "shape"); INTERN(s_dtype, "dtype"); INTERN(s_get_device, "get_device");
-    INTERN(s_is_contiguous, "is_contiguous");
+    INTERN(s_is_contiguous, "is_contiguous"); INTERN(s_active, "active");
 #undef INTERN
     if (PyType_Ready(&EntryType) < 0 || PyType_Ready(&DispatchType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
