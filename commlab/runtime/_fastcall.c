@@ -569,7 +569,7 @@ typedef struct {
     PyObject_HEAD
     Slot slots[NSLOTS];
     int next;          /* the slot the next remember() overwrites */
-    int inplace;       /* the function writes its result into x (out=x) */
+    int out;           /* where the output is: -1 made by the plan, k: args[k] (0: x) */
     long long hits;
 } Dispatch;
 
@@ -642,8 +642,9 @@ static PyObject *dispatch_call(Dispatch *self, PyObject *a, PyObject *kw) {
         if (sl->dtype != dtype || sl->device != device) continue;
         if (PyTuple_GET_SIZE(sl->rest) != n - 1) continue;
         int eq = same(sl->shape, shape);
-        for (Py_ssize_t j = 1; eq == 1 && j < n; j++)
-            eq = same(PyTuple_GET_ITEM(sl->rest, j - 1), PyTuple_GET_ITEM(args, j));
+        for (Py_ssize_t j = 1; eq == 1 && j < n; j++)  /* the output is not part of the key */
+            if (j != self->out)
+                eq = same(PyTuple_GET_ITEM(sl->rest, j - 1), PyTuple_GET_ITEM(args, j));
         if (eq == 1) {
             if (no_kwargs(kwargs) && sl->kwargs == NULL) eq = 1;
             else if (no_kwargs(kwargs) || sl->kwargs == NULL) eq = 0;
@@ -657,10 +658,17 @@ static PyObject *dispatch_call(Dispatch *self, PyObject *a, PyObject *kw) {
     if (found < 0) Py_RETURN_NONE;
     Entry *e = self->slots[found].entry;
     Py_INCREF(e);
-    PyObject *r = entry_run(e, x, self->inplace ? x : Py_None, 1);
+    PyObject *out = self->out < 0 ? Py_None : self->out < n ? PyTuple_GET_ITEM(args, self->out) : NULL;
+    if (!out) { Py_DECREF(e); Py_RETURN_NONE; }
+    PyObject *r = entry_run(e, x, out, 1);
     Py_DECREF(e);
     if (r && r != Py_None) self->hits++;
     return r;
+}
+
+static int plain(PyObject *v) {
+    return v == Py_None || PyBool_Check(v) || PyLong_CheckExact(v) || PyFloat_CheckExact(v)
+        || PyUnicode_CheckExact(v);
 }
 
 /* remember(args, kwargs, entry): serve this call form with entry from now on */
@@ -669,12 +677,33 @@ static PyObject *dispatch_remember(Dispatch *self, PyObject *a) {
     if (!PyArg_ParseTuple(a, "O!OO!", &PyTuple_Type, &args, &kwargs, &EntryType, &entry))
         return NULL;
     if (PyTuple_GET_SIZE(args) < 1) Py_RETURN_NONE;
+    /* a key compares plain values only (a tensor's == is elementwise) */
+    for (Py_ssize_t j = 1; j < PyTuple_GET_SIZE(args); j++)
+        if (j != self->out && !plain(PyTuple_GET_ITEM(args, j))) Py_RETURN_NONE;
+    if (!no_kwargs(kwargs)) {
+        if (!PyDict_Check(kwargs)) Py_RETURN_NONE;
+        PyObject *k, *v;
+        Py_ssize_t pos = 0;
+        while (PyDict_Next(kwargs, &pos, &k, &v))
+            if (!plain(v)) Py_RETURN_NONE;
+    }
     PyObject *shape, *dtype;
     long long device;
     int c = describe(PyTuple_GET_ITEM(args, 0), &shape, &dtype, &device);
     if (c <= 0) { PyErr_Clear(); Py_XDECREF(shape); Py_XDECREF(dtype); Py_RETURN_NONE; }
     PyObject *rest = PyTuple_GetSlice(args, 1, PyTuple_GET_SIZE(args));
     if (!rest) { Py_DECREF(shape); Py_DECREF(dtype); return NULL; }
+    if (self->out > 0 && self->out < PyTuple_GET_SIZE(args)) {  /* not kept: not a key */
+        PyObject *fresh = PyTuple_New(PyTuple_GET_SIZE(rest));
+        if (!fresh) { Py_DECREF(rest); Py_DECREF(shape); Py_DECREF(dtype); return NULL; }
+        for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(rest); j++) {
+            PyObject *v = j + 1 == self->out ? Py_None : PyTuple_GET_ITEM(rest, j);
+            Py_INCREF(v);
+            PyTuple_SET_ITEM(fresh, j, v);
+        }
+        Py_DECREF(rest);
+        rest = fresh;
+    }
     PyObject *kwcopy = NULL;
     if (!no_kwargs(kwargs)) {
         kwcopy = PyDict_Copy(kwargs);
@@ -694,10 +723,11 @@ static PyObject *dispatch_remember(Dispatch *self, PyObject *a) {
 }
 
 static int dispatch_init(Dispatch *self, PyObject *args, PyObject *kw) {
-    static char *names[] = {"inplace", NULL};
-    int inplace = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|p", names, &inplace)) return -1;
-    self->inplace = inplace;
+    static char *names[] = {"out", NULL};
+    PyObject *out = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|O", names, &out)) return -1;
+    self->out = out == Py_None ? -1 : (int)PyLong_AsLong(out);
+    if (self->out == -1 && PyErr_Occurred()) return -1;
     return 0;
 }
 
@@ -727,7 +757,7 @@ static PyTypeObject DispatchType = {
     .tp_name = "commlab._fastcall.Dispatch",
     .tp_basicsize = sizeof(Dispatch),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "A public collective's repeated call forms: Dispatch(inplace=False)(args, kwargs) -> output or None.",
+    .tp_doc = "A public collective's repeated call forms: Dispatch(out=None)(args, kwargs) -> output or None.",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)dispatch_init,
     .tp_dealloc = (destructor)dispatch_dealloc,

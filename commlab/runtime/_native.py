@@ -119,11 +119,12 @@ def free_refs(mod) -> tuple[int, int]:
 
 
 
-def dispatch(inplace: bool = False):
-    """A new ``Dispatch`` for one public collective (``inplace``: it writes its result
-    into its input), or None without the C module."""
+def dispatch(out: int | None = None):
+    """A new ``Dispatch`` for one public collective, or None without the C module.
+    ``out``: the position of the argument the function writes its result into (0: its
+    input, in place), None when the plan makes the output."""
     mod = module()
-    return mod.Dispatch(inplace=inplace) if mod is not None else None
+    return mod.Dispatch(out=out) if mod is not None else None
 
 
 class Plans(dict):

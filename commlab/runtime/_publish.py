@@ -48,12 +48,12 @@ def published(current: Callable[[], Any]) -> Callable[..., Callable[[F], F]]:
     """The decorator factory for one runtime: ``current()`` gives the open communicator or
     None (nothing to publish to before ``init``)."""
 
-    def publishes_local_errors(op: str | None = None, dispatch: bool | str = False
-                               ) -> Callable[[F], F]:
+    def publishes_local_errors(op: str | None = None, dispatch: bool = False,
+                               out: int | None = None) -> Callable[[F], F]:
         """``dispatch``: the function is exactly one collective's host path (``return
-        run(...)``, or ``"inplace"``: ``return run(..., out=x)``), so a call repeating the
-        arguments of one a plan served may go straight to that plan's C entry
-        (``_native.Dispatch``)."""
+        run(x, ...)``; ``out=k``: ``return run(..., out=args[k])``, 0 for ``out=x``), so
+        a call repeating the arguments of one a plan served (the output aside) may go
+        straight to that plan's C entry (``_native.Dispatch``)."""
         def wrap(fn: F) -> F:
             name = op or fn.__name__
             fast: list = [None]  # the Dispatch, made at the first call a plan served
@@ -96,7 +96,7 @@ def published(current: Callable[[], Any]) -> Callable[..., Callable[[F], F]]:
                         SERVED.append(None)  # collective): the outer one is not one plan
                 if dispatch and outer and len(SERVED) == 1 and SERVED[0] is not None:
                     if d is None:
-                        d = fast[0] = _native.dispatch(dispatch == "inplace") or False
+                        d = fast[0] = _native.dispatch(out) or False
                     if d:
                         d.remember(args, kwargs, SERVED[0])
                 return y

@@ -33,31 +33,31 @@ def writable(out: torch.Tensor, inp: torch.Tensor) -> bool:
     return a + out.nbytes <= b or b + inp.nbytes <= a
 
 
-@publishes_local_errors("all_reduce", dispatch="inplace")
+@publishes_local_errors("all_reduce", dispatch=True, out=0)
 def all_reduce_(x: torch.Tensor, op: str, algorithm: str) -> torch.Tensor:
     """The reduction of every rank's ``x`` into ``x``."""
     return run(ALL_REDUCE, x, algorithm, op, out=x)
 
 
-@publishes_local_errors("all_gather")
+@publishes_local_errors("all_gather", dispatch=True, out=1)
 def all_gather(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """``x``: ``[1, k]``; ``out``: ``[W, k]``."""
     return run(ALL_GATHER, x, "auto", out=out)
 
 
-@publishes_local_errors("reduce_scatter")
+@publishes_local_errors("reduce_scatter", dispatch=True, out=2)
 def reduce_scatter(x: torch.Tensor, op: str, out: torch.Tensor) -> torch.Tensor:
     """``x``: ``[W, k]``; ``out``: ``[1, k]``."""
     return run(REDUCE_SCATTER, x, "auto", op, out=out)
 
 
-@publishes_local_errors("all_to_all")
+@publishes_local_errors("all_to_all", dispatch=True, out=1)
 def all_to_all(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """``x`` and ``out``: ``[W, k]``."""
     return run(ALL_TO_ALL, x, "auto", out=out)
 
 
-@publishes_local_errors("broadcast", dispatch="inplace")
+@publishes_local_errors("broadcast", dispatch=True, out=0)
 def broadcast_(x: torch.Tensor, src: int) -> torch.Tensor:
     """``src``'s ``x`` into ``x`` on every rank."""
     return run(BROADCAST, x, "auto", src, out=x)

@@ -83,6 +83,15 @@ def native_world(comm) -> dict:
             assert y.data_ptr() == t.data_ptr(), "not reduced into the caller's tensor"
             assert torch.equal(t, torch.full((12,), float(i * world + sum(range(world))))), t
         assert _hits(comm) - hits >= 8, f"{_hits(comm) - hits} of 10 in-place calls in C"
+        hits = _hits(comm)
+        for i in range(10):  # the output is the caller's tensor, a new view each call
+            g = torch.full((1, 6), float(i + rank))
+            out = torch.empty(world * 6)
+            y = _into.all_gather(g, out.view(world, 6))
+            assert y.data_ptr() == out.data_ptr(), "not gathered into the caller's tensor"
+            want = (torch.arange(world, dtype=torch.float32) + i).repeat_interleave(6)
+            assert torch.equal(out, want), (i, out)
+        assert _hits(comm) - hits >= 8, f"{_hits(comm) - hits} of 10 gathers into out in C"
 
     commlab.synchronize()
     return {**checks.result(), "texts": texts}
