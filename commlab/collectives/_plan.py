@@ -8,7 +8,9 @@ kernel bound to Triton's launcher with every argument but the input's and output
 addresses as integers (``_launcher.bind``; otherwise the plan runs the op's body, as on
 the CPU backend). A later identical call publishes the record, takes an output, reads
 the raw current stream and fires: a few Python calls. A call repeating the previous one
-does not wait for the other ranks (``commlab.runtime._ahead``). Plans live on the
+does not wait for the other ranks (``commlab.runtime._ahead``). The same steps run in C when
+the C twin is built (``plan.entry``, ``commlab.runtime._fastcall``): ``fast_call`` asks
+it first and carries on in Python whenever it declines. Plans live on the
 Communicator and die with it; ``COMMLAB_FAST_LAUNCH=0`` makes none.
 
 Every check of the slow path still holds on this one: the key covers what the checks
@@ -187,6 +189,7 @@ def _bind(plan: Plan, x) -> None:
     plan.ints = tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in plan.tail)
     plan.x_aligned = x.data_ptr() % 16 == 0
     plan.fire = fire
+
 
 def _entry(comm, plan, host_launch):
     """The C twin of ``plan``'s repeated call, or None (no C module, an agreement other

@@ -12,7 +12,11 @@
  *   3. the launch: Triton's C launcher with the plan's integer arguments on the raw
  *      current stream (GPU), or the plan's host launch (CPU backend).
  *
- * It returns None whenever the call is anything but that steady state (a first call, a
+ * Dispatch sits in front of a public collective (runtime/_publish.py): it maps a call
+ * form (the arguments after x, x's shape, dtype, device and contiguity) to the Entry of
+ * the plan that served it, so a repeated call never enters the interpreter.
+ *
+ * An Entry returns None whenever the call is anything but that steady state (a first call, a
  * peer's digest that differs, a profiler or trace, another thread in the agreement, an
  * unaligned pointer, ...), having changed nothing the Python path would not change the
  * same way: the caller then takes _plan.fast_call, which raises what must be raised. The
