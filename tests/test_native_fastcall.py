@@ -61,3 +61,59 @@ def test_without_the_c_path_calls_take_the_python_plan(tmp_path, env, entries, w
     assert done.returncode == 0, done.stderr[-2000:]
     assert f"entries {entries}" in done.stdout
     assert ("the C fast path for repeated calls is off" in done.stderr) == warned, done.stderr
+
+
+_GPU_BRANCH = textwrap.dedent("""
+    import torch, commlab
+    from commlab.collectives import _launcher, _outputs
+    from commlab.runtime import _ahead, _control, _native, records
+    from commlab.trace._recorder import RECORDER
+    comm = commlab.init(backend="cpu")
+    x = torch.ones(64)
+    for _ in range(3):
+        commlab.all_reduce(x)
+    plan = next(iter(comm.plans.values()))
+    mod, b, outs = _native.module(), comm.control, plan.outputs
+    calls, flags = [], {"profiler": False, "hook": False, "capturing": False}
+    layout = (b.RING, b.SLOT_WORDS, b.world_size * _control.RING * _control.SLOT >> 3,
+              _control._STATE >> 3, b.checked_word, b.rank)
+    entry = mod.Entry(b, plan.record, tuple(b.peers), _ahead.SYNC_HOOK, _ahead.CALLER, layout,
+                      (outs.tensors, outs.storages, outs.slots), outs.take, _outputs.REUSE,
+                      torch._C._storage_Use_Count, _native.free_refs(mod), 0,
+                      lambda *a: calls.append(a), ("gx", "gy", "gz"), ("fn", "meta"), ("tail",),
+                      (11, 12), True, lambda dev: 77, lambda: flags["capturing"],
+                      lambda: flags["hook"], RECORDER, lambda: flags["profiler"],
+                      records.LAUNCHES, None, ("all_reduce", "one_shot", 256, "float32"))
+    before = records.LAUNCHES[0]
+    y = entry(x)
+    assert calls == [("gx", "gy", "gz", 77, "fn", "meta", x.data_ptr(), y.data_ptr(), 11, 12,
+                      "tail")], calls
+    assert records.LAUNCHES[0] == before + 1
+    p = y.data_ptr()
+    del y
+    assert entry(x).data_ptr() == p, "a dropped output was not handed out again"
+    flags["capturing"] = True
+    kept = entry(x)
+    assert kept.data_ptr() != p, "an output reused while capturing"
+    flags["capturing"] = False
+    for flag in ("profiler", "hook"):
+        flags[flag] = True
+        n = len(calls)
+        assert entry(x) is None and len(calls) == n, f"launched with the {flag} on"
+        flags[flag] = False
+    out = torch.empty(64)
+    assert entry(x, out) is out and calls[-1][7] == out.data_ptr()
+    assert entry(x[1:], out) is None, "launched an input off the kernel's alignment"
+    print("hits", entry.hits)
+    commlab.finalize()
+""")
+
+
+def test_the_gpu_branch_fills_the_launchers_arguments_and_declines_what_it_must():
+    # the C entry's GPU branch with a recording launcher, on CPU tensors: the argument
+    # layout, the call counter, output reuse, captures, and a profiler or launch hook
+    full = {**os.environ, "COMMLAB_BACKEND": "cpu"}
+    done = subprocess.run([sys.executable, "-c", _GPU_BRANCH], capture_output=True, text=True,
+                          env=full, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "hits 4" in done.stdout, done.stdout
