@@ -101,6 +101,10 @@ _GPU_BRANCH = textwrap.dedent("""
         n = len(calls)
         assert entry(x) is None and len(calls) == n, f"launched with the {flag} on"
         flags[flag] = False
+    entry.set_capture_choice(True)  # "auto" of an op that chooses afresh inside a capture
+    flags["capturing"] = True
+    assert entry(x) is None, "a capture_choice call ran its plan inside a capture"
+    flags["capturing"] = False
     out = torch.empty(64)
     assert entry(x, out) is out and calls[-1][7] == out.data_ptr()
     assert entry(x[1:], out) is None, "launched an input off the kernel's alignment"

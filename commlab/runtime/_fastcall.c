@@ -396,9 +396,10 @@ static PyObject *entry_run(Entry *self, PyObject *x, PyObject *out, int site_fro
         if (t != 0) { if (t < 0) return NULL; Py_RETURN_NONE; }
     }
     if (self->retired) Py_RETURN_NONE;
+    int capture = -2;  /* whether a CUDA graph captures this stream: asked once, when needed */
     if (self->capture_choice && self->device >= 0) {
-        int t = truth_of_call(self->capturing);
-        if (t != 0) { if (t < 0) return NULL; Py_RETURN_NONE; }
+        capture = truth_of_call(self->capturing);
+        if (capture != 0) { if (capture < 0) return NULL; Py_RETURN_NONE; }
     }
     long long xp = call_ll(x, s_data_ptr);
     if (xp == -1 && PyErr_Occurred()) return NULL;
@@ -429,8 +430,8 @@ static PyObject *entry_run(Entry *self, PyObject *x, PyObject *out, int site_fro
         Py_DECREF(s);
     }
     if (out == Py_None) {
-        int capture = 0;
-        if (self->device >= 0) {
+        if (self->device < 0) capture = 0;
+        else if (capture == -2) {
             capture = truth_of_call(self->capturing);
             if (capture < 0) { Py_XDECREF(dev); return NULL; }
         }
