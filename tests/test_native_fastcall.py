@@ -10,6 +10,7 @@ import sys
 import textwrap
 
 import pytest
+import torch
 
 from commlab.runtime import _native
 from commlab.testing import run_world
@@ -20,7 +21,10 @@ from tests.worlds.native import native_world
 def test_the_c_fast_path_builds_here():
     # CI installs a C compiler (.ci/run): a build that fails there must fail this test
     mod = _native.load(_native.build())
-    assert hasattr(mod, "Entry")
+    blank = mod.Entry.__new__(mod.Entry)  # never initialized: refuses, does not crash
+    with pytest.raises(RuntimeError, match="not initialized"):
+        blank(torch.ones(1))
+    assert mod.Dispatch()((torch.ones(1),), {}) is None  # no call form remembered yet
 
 
 @pytest.fixture(scope="module")

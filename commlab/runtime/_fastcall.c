@@ -68,8 +68,7 @@ typedef struct {
     int capture_choice;    /* "auto" chooses afresh inside a CUDA-graph capture */
 } Entry;
 
-static PyObject *s_lock, *s_acquire, *s_release, *s_seq, *s_enabled, *s_last, *s_pending,
-    *s_drains, *s_words, *s_entered, *s_mine, *s_publish_record, *s_last_published,
+static PyObject *s_seq, *s_enabled, *s_last, *s_entered, *s_mine, *s_last_published,
     *s_popleft, *s_append, *s_data_ptr, *s_use_count, *s_requires_grad, *s_note, *s_base,
     *s_shape, *s_dtype, *s_get_device, *s_is_contiguous, *s_active;
 
@@ -119,6 +118,10 @@ static int entry_init(Entry *self, PyObject *args, PyObject *kw) {
         *use_storage, *free_refs, *launch, *before, *middle, *after, *ints, *raw_stream,
         *capturing, *hooked, *tracing, *profiling, *launches, *book, *note_tail;
     int device, x_aligned;
+    if (self->block) {
+        PyErr_SetString(PyExc_RuntimeError, "Entry: initialized once");
+        return -1;
+    }
     if (!PyArg_ParseTuple(args, "OOOOOOOOOOOiOOOOOpOOOOOOOO", &block, &record, &peers,
                           &sync_hook, &caller, &layout, &outputs, &take, &reuse,
                           &use_storage, &free_refs, &device, &launch, &before, &middle,
@@ -394,6 +397,10 @@ static PyObject *entry_run(Entry *self, PyObject *x, PyObject *out, int site_fro
         if (t != 0) { if (t < 0) return NULL; Py_RETURN_NONE; }
         t = truth_of_call(self->hooked);
         if (t != 0) { if (t < 0) return NULL; Py_RETURN_NONE; }
+    }
+    if (!self->block) {
+        PyErr_SetString(PyExc_RuntimeError, "Entry: not initialized");
+        return NULL;
     }
     if (self->retired) Py_RETURN_NONE;
     int capture = -2;  /* whether a CUDA graph captures this stream: asked once, when needed */
@@ -794,12 +801,10 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__fastcall(void) {
 #define INTERN(v, s) if (!(v = PyUnicode_InternFromString(s))) return NULL
-    INTERN(s_lock, "_lock"); INTERN(s_acquire, "acquire"); INTERN(s_release, "release");
     INTERN(s_seq, "seq"); INTERN(s_enabled, "enabled"); INTERN(s_last, "last");
-    INTERN(s_pending, "pending"); INTERN(s_drains, "drains"); INTERN(s_words, "words");
     INTERN(s_entered, "entered"); INTERN(s_mine, "_mine");
-    INTERN(s_publish_record, "publish_record"); INTERN(s_last_published, "last_published");
-    INTERN(s_popleft, "popleft"); INTERN(s_append, "append"); INTERN(s_data_ptr, "data_ptr");
+    INTERN(s_last_published, "last_published"); INTERN(s_popleft, "popleft");
+    INTERN(s_append, "append"); INTERN(s_data_ptr, "data_ptr");
     INTERN(s_use_count, "_use_count"); INTERN(s_requires_grad, "requires_grad");
     INTERN(s_note, "note"); INTERN(s_base, "_base");
     INTERN(s_shape, "shape"); INTERN(s_dtype, "dtype"); INTERN(s_get_device, "get_device");
