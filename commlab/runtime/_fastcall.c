@@ -391,6 +391,11 @@ static PyObject *reusable(Entry *self, long long stream) {
 }
 
 static PyObject *entry_run(Entry *self, PyObject *x, PyObject *out, int site_from_frame) {
+    if (!self->block) {
+        PyErr_SetString(PyExc_RuntimeError, "Entry: not initialized");
+        return NULL;
+    }
+    if (self->retired) Py_RETURN_NONE;
     if (self->device >= 0) {  /* GPU: the ordinary path while anyone watches launches */
         int t = attr_is_true(self->tracing, s_active);  /* trace.needed(), inlined */
         if (t == 0) t = truth_of_call(self->profiling);
@@ -398,11 +403,6 @@ static PyObject *entry_run(Entry *self, PyObject *x, PyObject *out, int site_fro
         t = truth_of_call(self->hooked);
         if (t != 0) { if (t < 0) return NULL; Py_RETURN_NONE; }
     }
-    if (!self->block) {
-        PyErr_SetString(PyExc_RuntimeError, "Entry: not initialized");
-        return NULL;
-    }
-    if (self->retired) Py_RETURN_NONE;
     int capture = -2;  /* whether a CUDA graph captures this stream: asked once, when needed */
     if (self->capture_choice && self->device >= 0) {
         capture = truth_of_call(self->capturing);
