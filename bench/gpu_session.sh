@@ -17,6 +17,8 @@
 #            1 / 0: where an eager call's host microseconds go), then the shared-GPU suite on
 #            2 ranks with it on (what must pass before COMMLAB_NATIVE's default includes GPUs)
 #   STEPS="w2 w4" bash bench/gpu_session.sh   (default: every step; about 15 minutes)
+#   COMMLAB_COMMIT=$(git rev-parse --short HEAD) as well: the device's copy of the tree may
+#   carry a stale .git, and the records name the commit they ran on
 set -u
 cd "$(dirname "$0")/.."
 OUTDIR=${OUT:-/tmp/commlab-gpu-session}
@@ -29,6 +31,17 @@ step native "eager host cost, C twin on" 100 $ONE MASTER_PORT=29541 COMMLAB_NATI
   $PY bench/probes/gpu_eager_breakdown.py --iters 10000 --reps 5 --out "$OUTDIR/eager-breakdown-native.json"
 step native "eager host cost, C twin off" 100 $ONE MASTER_PORT=29542 COMMLAB_NATIVE=0 \
   $PY bench/probes/gpu_eager_breakdown.py --iters 10000 --reps 5 --out "$OUTDIR/eager-breakdown-python.json"
+# one file for both (the device returns at most 8 files a call)
+$PY - "$OUTDIR" <<'MERGE' || true
+import json, os, sys
+d = sys.argv[1]
+parts = {k: os.path.join(d, f"eager-breakdown-{k}.json") for k in ("native", "python")}
+if all(os.path.exists(p) for p in parts.values()):
+    both = {k: json.load(open(p)) for k, p in parts.items()}
+    json.dump(both, open(os.path.join(d, "eager-breakdown.json"), "w"), indent=1)
+    for p in parts.values():
+        os.unlink(p)
+MERGE
 step native "suite, 2 ranks, C twin on" 170 env COMMLAB_NATIVE=1 $PY bench/checks/gpu_shared_suite.py \
   --ranks 2 --timeout 150 --out "$OUTDIR/gpu-shared-w2-native.json"
 step launch "eager plan launcher tiers" 100 $PY bench/checks/gpu_eager_launch.py \
