@@ -50,7 +50,7 @@ def _compiler() -> str | None:
         "clang")
 
 
-def build(quiet: bool = False) -> Path:
+def build() -> Path:
     """Compile ``_fastcall.c`` (or find it compiled) and return the shared object's path;
     raises RuntimeError saying what is missing."""
     src = SOURCE.read_bytes()
