@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -37,6 +36,7 @@ from commlab.collectives import _across, _adapt, _launcher  # noqa: E402
 from commlab.collectives._host import run  # noqa: E402
 from commlab.collectives._plan import fast_call  # noqa: E402
 from commlab.collectives.all_reduce import ALL_REDUCE  # noqa: E402
+from commlab.runtime import _native  # noqa: E402
 from commlab.runtime.communicator import get_communicator  # noqa: E402
 from commlab.trace import needed  # noqa: E402
 
@@ -57,9 +57,9 @@ def per_call_ns(fn, iters: int, reps: int) -> float:
 
 
 def toolchain() -> dict:
-    """What a C fast path would be built with here."""
+    """What the C fast path is built with here (``runtime._native``'s choice)."""
     inc = sysconfig.get_paths()["include"]
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    cc = _native._compiler()
     ver = ""
     if cc:
         ver = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.split("\n")[0]

@@ -200,14 +200,14 @@ def _entry(comm, plan, host_launch):
     if (mod is None or type(block) is not _control.ControlBlock or plan.record is None
             or plan.outputs is None):
         return None
-    layout = (block.RING, block.SLOT_WORDS, block.world_size * _control.RING * _control.SLOT >> 3,
-              _control._STATE >> 3, block.checked_word, block.rank)
+    state = block._state(0) >> 3  # the words after every rank's slots: ranks' state areas
+    layout = (block.RING, block.SLOT_WORDS, state, (block._state(1) >> 3) - state,
+              block.checked_word, block.rank)
     outs = plan.outputs
-    use_storage = getattr(torch._C, "_storage_Use_Count", int)
     common = (block, plan.record, tuple(block.peers), _ahead.SYNC_HOOK, _ahead.CALLER, layout,
-              (outs.tensors, outs.storages, outs.slots), outs.take, _outputs.REUSE, use_storage,
-              _native.free_refs(mod))
-    tracing = (_RECORDER, getattr(torch._C._autograd, "_profiler_enabled", bool))
+              (outs.tensors, outs.storages, outs.slots), outs.take, _outputs.REUSE,
+              _outputs._use_storage, _native.free_refs(mod))
+    tracing = (_RECORDER, torch.autograd._profiler_enabled)  # trace.needed's two tests
     hooked, launches = _launcher.hooked, _records.LAUNCHES
     tail = (plan.sig.op, plan.algorithm, plan.nbytes, plan.dtype)
     if plan.device < 0:
@@ -217,7 +217,6 @@ def _entry(comm, plan, host_launch):
     if parts is None:
         return None
     launcher, before, middle, after = parts
-    capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", bool)
     return mod.Entry(*common, plan.device, launcher, tuple(before), tuple(middle), tuple(after),
-                     tuple(plan.ints), plan.x_aligned, _launcher.raw_stream, capturing, hooked,
+                     tuple(plan.ints), plan.x_aligned, _raw_stream, _is_capturing, hooked,
                      *tracing, launches, plan.book, tail)

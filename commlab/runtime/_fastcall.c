@@ -72,33 +72,25 @@ static PyObject *s_seq, *s_enabled, *s_last, *s_entered, *s_mine, *s_last_publis
     *s_popleft, *s_append, *s_data_ptr, *s_use_count, *s_requires_grad, *s_note, *s_base,
     *s_shape, *s_dtype, *s_get_device, *s_is_contiguous, *s_active;
 
+/* Every object an Entry holds, once: traverse and clear walk the same list. */
+#define ENTRY_OBJECTS(X) \
+    X(block) X(ahead) X(record) X(raw) X(sig) X(digest) X(peers) X(sync_hook) X(caller) \
+    X(acquire) X(release) X(pending) X(drains) X(words) X(tensors) X(storages) X(slots) \
+    X(take) X(reuse) X(use_storage) X(launch) X(before) X(middle) X(after) X(ints) \
+    X(raw_stream) X(capturing) X(hooked) X(tracing) X(profiling) X(launches) X(book) \
+    X(note_tail)
+
 static int entry_traverse(Entry *self, visitproc visit, void *arg) {
-    Py_VISIT(self->block); Py_VISIT(self->ahead); Py_VISIT(self->record); Py_VISIT(self->raw);
-    Py_VISIT(self->sig); Py_VISIT(self->digest); Py_VISIT(self->peers);
-    Py_VISIT(self->sync_hook); Py_VISIT(self->caller); Py_VISIT(self->tensors);
-    Py_VISIT(self->storages); Py_VISIT(self->slots); Py_VISIT(self->take);
-    Py_VISIT(self->reuse); Py_VISIT(self->use_storage); Py_VISIT(self->launch);
-    Py_VISIT(self->before); Py_VISIT(self->middle); Py_VISIT(self->after);
-    Py_VISIT(self->ints); Py_VISIT(self->raw_stream); Py_VISIT(self->capturing);
-    Py_VISIT(self->hooked); Py_VISIT(self->tracing); Py_VISIT(self->launches);
-    Py_VISIT(self->book); Py_VISIT(self->note_tail); Py_VISIT(self->acquire);
-    Py_VISIT(self->release); Py_VISIT(self->pending); Py_VISIT(self->drains);
-    Py_VISIT(self->words); Py_VISIT(self->profiling);
+#define VISIT(f) Py_VISIT(self->f);
+    ENTRY_OBJECTS(VISIT)
+#undef VISIT
     return 0;
 }
 
 static int entry_clear(Entry *self) {
-    Py_CLEAR(self->block); Py_CLEAR(self->ahead); Py_CLEAR(self->record); Py_CLEAR(self->raw);
-    Py_CLEAR(self->sig); Py_CLEAR(self->digest); Py_CLEAR(self->peers);
-    Py_CLEAR(self->sync_hook); Py_CLEAR(self->caller); Py_CLEAR(self->tensors);
-    Py_CLEAR(self->storages); Py_CLEAR(self->slots); Py_CLEAR(self->take);
-    Py_CLEAR(self->reuse); Py_CLEAR(self->use_storage); Py_CLEAR(self->launch);
-    Py_CLEAR(self->before); Py_CLEAR(self->middle); Py_CLEAR(self->after);
-    Py_CLEAR(self->ints); Py_CLEAR(self->raw_stream); Py_CLEAR(self->capturing);
-    Py_CLEAR(self->hooked); Py_CLEAR(self->tracing); Py_CLEAR(self->launches);
-    Py_CLEAR(self->book); Py_CLEAR(self->note_tail); Py_CLEAR(self->acquire);
-    Py_CLEAR(self->release); Py_CLEAR(self->pending); Py_CLEAR(self->drains);
-    Py_CLEAR(self->words); Py_CLEAR(self->profiling);
+#define CLEAR(f) Py_CLEAR(self->f);
+    ENTRY_OBJECTS(CLEAR)
+#undef CLEAR
     return 0;
 }
 
@@ -582,7 +574,6 @@ typedef struct {
     Slot slots[NSLOTS];
     int next;          /* the slot the next remember() overwrites */
     int out;           /* where the output is: -1 made by the plan, k: args[k] (0: x) */
-    long long hits;
 } Dispatch;
 
 static void slot_clear(Slot *s) {
@@ -674,7 +665,6 @@ static PyObject *dispatch_call(Dispatch *self, PyObject *a, PyObject *kw) {
     if (!out) { Py_DECREF(e); Py_RETURN_NONE; }
     PyObject *r = entry_run(e, x, out, 1);
     Py_DECREF(e);
-    if (r && r != Py_None) self->hits++;
     return r;
 }
 
@@ -743,24 +733,9 @@ static int dispatch_init(Dispatch *self, PyObject *args, PyObject *kw) {
     return 0;
 }
 
-static PyObject *dispatch_forget(Dispatch *self, PyObject *unused) {
-    dispatch_clear(self);
-    Py_RETURN_NONE;
-}
-
-static PyObject *dispatch_get_hits(Dispatch *self, void *closure) {
-    return PyLong_FromLongLong(self->hits);
-}
-
 static PyMethodDef dispatch_methods[] = {
     {"remember", (PyCFunction)dispatch_remember, METH_VARARGS,
      "remember(args, kwargs, entry): serve this call form with entry"},
-    {"forget", (PyCFunction)dispatch_forget, METH_NOARGS, "drop every call form"},
-    {NULL}
-};
-
-static PyGetSetDef dispatch_getset[] = {
-    {"hits", (getter)dispatch_get_hits, NULL, "calls served", NULL},
     {NULL}
 };
 
@@ -777,7 +752,6 @@ static PyTypeObject DispatchType = {
     .tp_clear = (inquiry)dispatch_clear,
     .tp_call = (ternaryfunc)dispatch_call,
     .tp_methods = dispatch_methods,
-    .tp_getset = dispatch_getset,
 };
 
 /* Py_REFCNT of lst[0]: what an output only the plan's list holds reads as here. */
@@ -810,18 +784,9 @@ PyMODINIT_FUNC PyInit__fastcall(void) {
     INTERN(s_shape, "shape"); INTERN(s_dtype, "dtype"); INTERN(s_get_device, "get_device");
     INTERN(s_is_contiguous, "is_contiguous"); INTERN(s_active, "active");
 #undef INTERN
-    if (PyType_Ready(&EntryType) < 0 || PyType_Ready(&DispatchType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;
-    Py_INCREF(&EntryType);
-    if (PyModule_AddObject(m, "Entry", (PyObject *)&EntryType) < 0) {
-        Py_DECREF(&EntryType);
-        Py_DECREF(m);
-        return NULL;
-    }
-    Py_INCREF(&DispatchType);
-    if (PyModule_AddObject(m, "Dispatch", (PyObject *)&DispatchType) < 0) {
-        Py_DECREF(&DispatchType);
+    if (PyModule_AddType(m, &EntryType) < 0 || PyModule_AddType(m, &DispatchType) < 0) {
         Py_DECREF(m);
         return NULL;
     }
