@@ -67,7 +67,7 @@ def test_without_the_c_path_calls_take_the_python_plan(tmp_path, env, entries, w
     assert ("the C fast path for repeated calls is off" in done.stderr) == warned, done.stderr
 
 
-_GPU_BRANCH = textwrap.dedent("""
+_ENTRY = textwrap.dedent("""
     import torch, commlab
     from commlab.collectives import _launcher, _outputs
     from commlab.runtime import _ahead, _control, _native, records
@@ -88,6 +88,9 @@ _GPU_BRANCH = textwrap.dedent("""
                       (11, 12), True, lambda dev: 77, lambda: flags["capturing"],
                       lambda: flags["hook"], RECORDER, lambda: flags["profiler"],
                       records.LAUNCHES, None, ("all_reduce", "one_shot", 256, "float32"))
+""")
+
+_GPU_BRANCH = _ENTRY + textwrap.dedent("""
     before = records.LAUNCHES[0]
     y = entry(x)
     assert calls == [("gx", "gy", "gz", 77, "fn", "meta", x.data_ptr(), y.data_ptr(), 11, 12,
@@ -125,3 +128,63 @@ def test_the_gpu_branch_fills_the_launchers_arguments_and_declines_what_it_must(
                           env=full, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "hits 4" in done.stdout, done.stdout
+
+
+_RAW_BRANCH = _ENTRY + textwrap.dedent("""
+    import ctypes
+    P = ctypes.POINTER(ctypes.c_void_p)
+    LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, *[ctypes.c_uint] * 7,
+                              ctypes.c_void_p, P, ctypes.c_void_p)
+    CTX = ctypes.CFUNCTYPE(ctypes.c_int, P)
+    ERROR = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_char_p))
+    raw, state = [], {"ctx": 1, "rc": 0}
+    def launch(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        values = [ctypes.c_uint64.from_address(params[i]).value for i in range(5)]
+        raw.append((f, (gx, gy, gz), (bx, by, bz), shared, stream, values))
+        return state["rc"]
+    def ctx(out):
+        out[0] = state["ctx"]
+        return 0
+    def error(code, text):
+        text[0] = b"an illegal memory access was encountered"
+        return 0
+    fns = [LAUNCH(launch), CTX(ctx), ERROR(error)]
+    addr = tuple(ctypes.cast(f, ctypes.c_void_p).value for f in fns)
+    entry.set_raw(0xF00, (3, 1, 1), 128, 512, (0, 0, 11, 2**64 - 1, 0x3FC00000), addr, plan)
+    y = entry(x)
+    assert raw == [(0xF00, (3, 1, 1), (128, 1, 1), 512, 77,
+                    [x.data_ptr(), y.data_ptr(), 11, 2**64 - 1, 0x3FC00000])], raw
+    assert calls == [] and entry.raw_launches == 1, (calls, entry.raw_launches)
+    state["ctx"] = None  # no CUDA context on this thread: Triton's launcher makes one
+    entry(x)
+    assert len(calls) == 1 and len(raw) == 1, (calls, raw)
+    state["ctx"], state["rc"] = 1, 700
+    try:
+        entry(x)
+    except RuntimeError as e:
+        said = "cuLaunchKernel failed: an illegal memory access was encountered (CUDA error 700)"
+        assert said in str(e), e
+    else:
+        raise AssertionError("a failed launch raised nothing")
+    state["rc"] = 0
+    for bad in ((0,), (0,) * 65):
+        try:
+            entry.set_raw(0xF00, (3, 1, 1), 128, 0, bad, addr, plan)
+        except ValueError as e:
+            assert "2 to 64 parameters" in str(e), e
+        else:
+            raise AssertionError(f"set_raw took {len(bad)} parameters")
+    print("raw", entry.raw_launches)
+    commlab.finalize()
+""")
+
+
+def test_our_own_launch_passes_the_parameter_block_and_falls_back_without_a_context():
+    # the C entry's cuLaunchKernel branch with recording driver functions (ctypes) on CPU
+    # tensors: grid, block, shared memory, stream, every parameter; no context on the
+    # thread: Triton's launcher; a failed launch: the driver's own words
+    full = {**os.environ, "COMMLAB_BACKEND": "cpu"}
+    done = subprocess.run([sys.executable, "-c", _RAW_BRANCH], capture_output=True, text=True,
+                          env=full, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "raw 1" in done.stdout, done.stdout

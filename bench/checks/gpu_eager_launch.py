@@ -1,4 +1,5 @@
-"""Launch plans' eager path on one GPU (issue 29): every launcher tier gives NCCL's answer,
+"""Launch plans' eager path on one GPU (issue 29): every launcher tier (commlab's own
+cuLaunchKernel, Triton's C launcher, CompiledKernel.run, kernel[grid]) gives NCCL's answer,
 outputs are reused only when nobody holds them, streams, CUDA graphs, Triton launch hooks
 and unaligned inputs still work, and a mismatch after calls that ran ahead is raised on
 both ranks of a world sharing the GPU.
@@ -26,7 +27,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import commlab  # noqa: E402
-from commlab.collectives import _launcher, _outputs  # noqa: E402
+from commlab.collectives import _launcher, _outputs, _rawlaunch  # noqa: E402
 
 RESULTS: list[dict] = []
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
@@ -80,13 +81,20 @@ def per_call_us(fn, calls: int = 2000) -> float:
     return (time.perf_counter() - t0) / calls * 1e6
 
 
+def raw_launches(comm) -> int:
+    """Launches the plans' C entries made through commlab's own cuLaunchKernel."""
+    return sum(getattr(p.entry, "raw_launches", None) or 0 for p in comm.plans.values())
+
+
 def check_tiers(comm, timing: dict) -> None:
     """Each tier: a repeated call (the plan's path) of every op gives NCCL's answer."""
-    for tiers in (["c", "run"], ["run"], []):
+    for tiers in (["raw", "c", "run"], ["c", "run"], ["run"], []):
         label = "+".join(tiers) or "kernel[grid]"
-        _launcher.ALLOW[:] = tiers
+        _launcher.ALLOW[:] = [t for t in tiers if t != "raw"]
+        _rawlaunch.ALLOW[0] = "raw" in tiers
         comm.plans.clear()
         before = dict(_launcher.TIERS)
+        raw_before = dict(_rawlaunch.BUILT)
         bad = []
         for op in OPS:
             for dtype, nbytes in ((torch.bfloat16, 8), (torch.bfloat16, 4096),
@@ -95,17 +103,22 @@ def check_tiers(comm, timing: dict) -> None:
                 x = (torch.randn(n, device=comm.device) * 4).to(dtype)
                 fn = getattr(commlab, op)
                 fn(x)  # slow path: leaves the plan
+                raw0 = raw_launches(comm)
                 for _ in range(3):
                     got = fn(x)  # the plan
                 err = same(got, nccl(op, comm, x))
                 if err:
                     bad.append(f"{op} {dtype} {nbytes} B: {err}")
+                if "raw" in tiers and raw_launches(comm) - raw0 < 3:
+                    bad.append(f"{op} {dtype} {nbytes} B: not launched through cuLaunchKernel")
         bound = {k: _launcher.TIERS[k] - before[k] for k in before}
+        bound.update({f"raw-{k}": _rawlaunch.BUILT[k] - raw_before[k] for k in raw_before})
         report(f"tier {label}: every op's repeated call equals NCCL", not bad,
                f"plans bound {bound}; " + "; ".join(bad[:3]))
         x = torch.randn(4096, device=comm.device).to(torch.bfloat16)
         timing[label] = per_call_us(lambda: commlab.all_reduce(x))
     _launcher.ALLOW[:] = ["c", "run"]
+    _rawlaunch.ALLOW[0] = True
     comm.plans.clear()
     print("host us per eager all_reduce 8 KiB bf16, by tier:",
           ", ".join(f"{k} {v:.2f}" for k, v in timing.items()), flush=True)

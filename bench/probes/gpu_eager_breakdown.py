@@ -5,7 +5,8 @@ One GPU, a world of one (issue 29). Every row is host time per call (perf_counte
 torch attribute reads the plan makes, each step of ``_plan.fast_call`` alone, the whole
 path at each layer (``fast_call``, ``_host.run``, ``commlab.all_reduce``), a minimal
 Python path on the same plan (the floor of a Python redesign), and torch's symm-mem
-one_shot and NCCL all_reduce of the same tensor.
+one_shot and NCCL all_reduce of the same tensor. With the C twin on, the whole call
+again with its entry on Triton's launcher instead of commlab's own cuLaunchKernel.
 
     RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29555 \
         python bench/probes/gpu_eager_breakdown.py --out /tmp/breakdown.json
@@ -32,7 +33,7 @@ import torch.distributed as dist  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import commlab  # noqa: E402
-from commlab.collectives import _across, _adapt, _launcher  # noqa: E402
+from commlab.collectives import _across, _adapt, _launcher, _rawlaunch  # noqa: E402
 from commlab.collectives._host import run  # noqa: E402
 from commlab.collectives._plan import fast_call  # noqa: E402
 from commlab.collectives.all_reduce import ALL_REDUCE  # noqa: E402
@@ -150,7 +151,16 @@ def main() -> int:
         except Exception as e:  # noqa: BLE001
             res[name] = f"error: {e!r:.200}"
         comm.synchronize()
-    info = {"toolchain": toolchain(), "native": os.environ.get("COMMLAB_NATIVE", "1"), "bytes": a.bytes, "tier": dict(_launcher.TIERS),
+    raw = getattr(plan.entry, "raw_launches", None)  # None: the entry used Triton's launcher
+    if raw is not None:  # the same call with the C entry on Triton's launcher instead
+        _rawlaunch.ALLOW[0] = False
+        comm.plans.clear()
+        commlab.all_reduce(x)
+        commlab.all_reduce(x)
+        name = "commlab.all_reduce, Triton's launcher"
+        res[name] = per_call_ns(lambda: commlab.all_reduce(x), a.iters, a.reps) - base
+        _rawlaunch.ALLOW[0] = True
+    info = {"raw_launches": raw, "toolchain": toolchain(), "native": os.environ.get("COMMLAB_NATIVE", "1"), "bytes": a.bytes, "tier": dict(_launcher.TIERS),
             "runner_launch": type(runner_launch).__name__, "words": words is not None,
             "python": sys.version.split()[0], "torch": torch.__version__,
             "device": torch.cuda.get_device_name(0), "ns_per_call": res}

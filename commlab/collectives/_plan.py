@@ -10,7 +10,9 @@ the CPU backend). A later identical call publishes the record, takes an output, 
 the raw current stream and fires: a few Python calls. A call repeating the previous one
 does not wait for the other ranks (``commlab.runtime._ahead``). The same steps run in C when
 the C twin is built (``plan.entry``, ``commlab.runtime._fastcall``): ``fast_call`` asks
-it first and carries on in Python whenever it declines. Plans live on the
+it first and carries on in Python whenever it declines; there the kernel goes out through
+one ``cuLaunchKernel`` with a parameter block laid out once (``_rawlaunch``) where the
+kernel's parameters allow it. Plans live on the
 Communicator and die with it; ``COMMLAB_FAST_LAUNCH=0`` makes none.
 
 Every check of the slow path still holds on this one: the key covers what the checks
@@ -29,7 +31,7 @@ from typing import Any
 import torch
 
 from commlab import _config
-from commlab.collectives import _launcher, _outputs
+from commlab.collectives import _launcher, _outputs, _rawlaunch
 from commlab.collectives._common import traced
 from commlab.collectives._outputs import Outputs
 from commlab.runtime import _ahead, _control, _native
@@ -217,6 +219,11 @@ def _entry(comm, plan, host_launch):
     if parts is None:
         return None
     launcher, before, middle, after = parts
-    return mod.Entry(*common, plan.device, launcher, tuple(before), tuple(middle), tuple(after),
-                     tuple(plan.ints), plan.x_aligned, _raw_stream, _is_capturing, hooked,
-                     *tracing, launches, plan.book, tail)
+    entry = mod.Entry(*common, plan.device, launcher, tuple(before), tuple(middle), tuple(after),
+                      tuple(plan.ints), plan.x_aligned, _raw_stream, _is_capturing, hooked,
+                      *tracing, launches, plan.book, tail)
+    raw = _rawlaunch.spec(plan.compiled, plan.grid, plan.ints)
+    if raw is not None:  # one cuLaunchKernel per call instead of Triton's launcher
+        function, grid, block, shared, _sizes, values, driver = raw
+        entry.set_raw(function, grid, block, shared, values, driver, plan.compiled)
+    return entry

@@ -9,8 +9,9 @@
  *      the conditions under which a repeat may skip the wait, the pending calls every
  *      peer has published (checked by digest), then our slot's sequence word;
  *   2. an output the plan owns that nobody holds (_outputs.Outputs.take), or a new one;
- *   3. the launch: Triton's C launcher with the plan's integer arguments on the raw
- *      current stream (GPU), or the plan's host launch (CPU backend).
+ *   3. the launch: one cuLaunchKernel with a parameter block laid out once (set_raw,
+ *      collectives/_rawlaunch.py), else Triton's C launcher with the plan's integer
+ *      arguments, on the raw current stream (GPU); or the plan's host launch (CPU).
  *
  * Dispatch sits in front of a public collective (runtime/_publish.py): it maps a call
  * form (the arguments after x, x's shape, dtype, device and contiguity) to the Entry of
@@ -25,6 +26,15 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <string.h>
+
+/* the driver's entry points a raw launch calls (addresses from Python, ctypes) */
+typedef int (*cu_launch_t)(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                           unsigned by, unsigned bz, unsigned shared, void *stream,
+                           void **params, void **extra);
+typedef int (*cu_ctx_t)(void **ctx);
+typedef int (*cu_error_t)(int code, const char **text);
+#define RAW_MAX 64  /* kernel parameters a raw launch lays out */
 
 typedef struct {
     PyObject_HEAD
@@ -66,6 +76,16 @@ typedef struct {
     long long hits;        /* calls this entry served (tests, benchmarks) */
     int retired;           /* its plan left the communicator: never serve again */
     int capture_choice;    /* "auto" chooses afresh inside a CUDA-graph capture */
+    /* our own launch (set_raw); raw_n 0: Triton's launcher */
+    int raw_n;             /* kernel parameters, (x, out) first */
+    uint64_t raw_values[RAW_MAX];  /* each parameter's bytes, little-endian */
+    unsigned raw_grid[3], raw_block, raw_shared;
+    void *raw_function;    /* CUfunction */
+    cu_launch_t raw_launch;
+    cu_ctx_t raw_ctx;
+    cu_error_t raw_error;
+    PyObject *raw_owner;   /* keeps the compiled kernel (its module and function) loaded */
+    long long raw_launches;  /* launches made by raw_fire (checks) */
 } Entry;
 
 static PyObject *s_seq, *s_enabled, *s_last, *s_entered, *s_mine, *s_last_published,
@@ -78,7 +98,7 @@ static PyObject *s_seq, *s_enabled, *s_last, *s_entered, *s_mine, *s_last_publis
     X(acquire) X(release) X(pending) X(drains) X(words) X(tensors) X(storages) X(slots) \
     X(take) X(reuse) X(use_storage) X(launch) X(before) X(middle) X(after) X(ints) \
     X(raw_stream) X(capturing) X(hooked) X(tracing) X(profiling) X(launches) X(book) \
-    X(note_tail)
+    X(note_tail) X(raw_owner)
 
 static int entry_traverse(Entry *self, visitproc visit, void *arg) {
 #define VISIT(f) Py_VISIT(self->f);
@@ -382,6 +402,37 @@ static PyObject *reusable(Entry *self, long long stream) {
     return NULL;
 }
 
+/* whether this thread has a CUDA context to launch in (else Triton's launcher makes one) */
+static int raw_ready(Entry *self) {
+    void *ctx = NULL;
+    return self->raw_ctx(&ctx) == 0 && ctx != NULL;
+}
+
+/* the plan's kernel on (x, out) through cuLaunchKernel; the GIL is released around it,
+ * as Triton's launcher does (a full launch queue blocks in the driver) */
+static PyObject *raw_fire(Entry *self, long long stream, long long xp, long long op) {
+    uint64_t values[RAW_MAX];
+    void *params[RAW_MAX];
+    memcpy(values, self->raw_values, sizeof(uint64_t) * (size_t)self->raw_n);
+    values[0] = (uint64_t)xp;
+    values[1] = (uint64_t)op;
+    for (int i = 0; i < self->raw_n; i++) params[i] = &values[i];
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = self->raw_launch(self->raw_function, self->raw_grid[0], self->raw_grid[1],
+                          self->raw_grid[2], self->raw_block, 1, 1, self->raw_shared,
+                          (void *)(intptr_t)stream, params, NULL);
+    Py_END_ALLOW_THREADS
+    if (rc != 0) {
+        const char *text = NULL;
+        if (self->raw_error) self->raw_error(rc, &text);
+        return PyErr_Format(PyExc_RuntimeError, "commlab: cuLaunchKernel failed: %s (CUDA error %d)",
+                            text ? text : "unknown error", rc);
+    }
+    self->raw_launches++;
+    Py_RETURN_NONE;
+}
+
 static PyObject *entry_run(Entry *self, PyObject *x, PyObject *out, int site_from_frame) {
     if (!self->block) {
         PyErr_SetString(PyExc_RuntimeError, "Entry: not initialized");
@@ -451,6 +502,8 @@ static PyObject *entry_run(Entry *self, PyObject *x, PyObject *out, int site_fro
     } else if (op_ptr % 16) {  /* a fresh output off the kernel's alignment: never on CUDA */
         PyErr_SetString(PyExc_RuntimeError, "commlab: an output off 16-byte alignment");
         r = NULL;
+    } else if (self->raw_n && raw_ready(self)) {  /* one driver call, no argument parsing */
+        r = raw_fire(self, stream, xp, op_ptr);
     } else {
         Py_ssize_t nb = PyTuple_GET_SIZE(self->before), nm = PyTuple_GET_SIZE(self->middle);
         Py_ssize_t ni = PyTuple_GET_SIZE(self->ints), na = PyTuple_GET_SIZE(self->after);
@@ -524,7 +577,49 @@ static PyObject *entry_set_capture_choice(Entry *self, PyObject *flag) {
     Py_RETURN_NONE;
 }
 
+/* set_raw(function, (gx, gy, gz), block, shared, values, (launch, ctx, error), owner):
+ * launch through cuLaunchKernel from now on. values: every kernel parameter as a
+ * 64-bit little-endian pattern, (x, out) first (their values are the call's). */
+static PyObject *entry_set_raw(Entry *self, PyObject *args) {
+    unsigned long long function, launch, ctx, error;
+    unsigned gx, gy, gz, block, shared;
+    PyObject *values, *owner;
+    if (!self->block) {
+        PyErr_SetString(PyExc_RuntimeError, "Entry: not initialized");
+        return NULL;
+    }
+    if (!PyArg_ParseTuple(args, "K(III)IIO!(KKK)O", &function, &gx, &gy, &gz, &block, &shared,
+                          &PyTuple_Type, &values, &launch, &ctx, &error, &owner))
+        return NULL;
+    Py_ssize_t n = PyTuple_GET_SIZE(values);
+    if (n < 2 || n > RAW_MAX || !function || !launch || !ctx || !gx || !gy || !gz || !block) {
+        PyErr_Format(PyExc_ValueError, "Entry.set_raw: 2 to %d parameters, a function, the "
+                     "driver's launch and context entry points and a non-empty grid are "
+                     "needed (got %zd parameters)", RAW_MAX, n);
+        return NULL;
+    }
+    uint64_t vals[RAW_MAX];
+    for (Py_ssize_t i = 0; i < n; i++) {
+        vals[i] = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(values, i));
+        if (vals[i] == (uint64_t)-1 && PyErr_Occurred()) return NULL;
+    }
+    memcpy(self->raw_values, vals, sizeof(uint64_t) * (size_t)n);
+    self->raw_grid[0] = gx; self->raw_grid[1] = gy; self->raw_grid[2] = gz;
+    self->raw_block = block;
+    self->raw_shared = shared;
+    self->raw_function = (void *)(uintptr_t)function;
+    self->raw_launch = (cu_launch_t)(uintptr_t)launch;
+    self->raw_ctx = (cu_ctx_t)(uintptr_t)ctx;
+    self->raw_error = (cu_error_t)(uintptr_t)error;
+    Py_INCREF(owner);
+    Py_XSETREF(self->raw_owner, owner);
+    self->raw_n = (int)n;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef entry_methods[] = {
+    {"set_raw", (PyCFunction)entry_set_raw, METH_VARARGS,
+     "launch through cuLaunchKernel with this parameter block from now on"},
     {"retire", (PyCFunction)entry_retire, METH_NOARGS, "never serve a call again"},
     {"set_capture_choice", (PyCFunction)entry_set_capture_choice, METH_O,
      "whether a call inside a CUDA-graph capture must choose afresh (hand it back)"},
@@ -535,8 +630,15 @@ static PyObject *entry_get_hits(Entry *self, void *closure) {
     return PyLong_FromLongLong(self->hits);
 }
 
+static PyObject *entry_get_raw_launches(Entry *self, void *closure) {
+    if (self->raw_n) return PyLong_FromLongLong(self->raw_launches);
+    Py_RETURN_NONE;
+}
+
 static PyGetSetDef entry_getset[] = {
     {"hits", (getter)entry_get_hits, NULL, "calls this entry served", NULL},
+    {"raw_launches", (getter)entry_get_raw_launches, NULL,
+     "launches made through cuLaunchKernel, None without set_raw", NULL},
     {NULL}
 };
 
