@@ -137,7 +137,8 @@ _RAW_BRANCH = _ENTRY + textwrap.dedent("""
                               ctypes.c_void_p, P, ctypes.c_void_p)
     CTX = ctypes.CFUNCTYPE(ctypes.c_int, P)
     ERROR = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_char_p))
-    raw, state = [], {"ctx": 1, "rc": 0}
+    CAPTURING = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int))
+    raw, state = [], {"ctx": 1, "rc": 0, "capturing": 0, "capture_rc": 0}
     def launch(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
         values = [ctypes.c_uint64.from_address(params[i]).value for i in range(5)]
         raw.append((f, (gx, gy, gz), (bx, by, bz), shared, stream, values))
@@ -148,16 +149,28 @@ _RAW_BRANCH = _ENTRY + textwrap.dedent("""
     def error(code, text):
         text[0] = b"an illegal memory access was encountered"
         return 0
-    fns = [LAUNCH(launch), CTX(ctx), ERROR(error)]
+    def capturing(stream, status):
+        status[0] = state["capturing"]
+        return state["capture_rc"]
+    fns = [LAUNCH(launch), CTX(ctx), ERROR(error), CAPTURING(capturing)]
     addr = tuple(ctypes.cast(f, ctypes.c_void_p).value for f in fns)
     entry.set_raw(0xF00, (3, 1, 1), 128, 512, (0, 0, 11, 2**64 - 1, 0x3FC00000), addr, plan)
     y = entry(x)
     assert raw == [(0xF00, (3, 1, 1), (128, 1, 1), 512, 77,
                     [x.data_ptr(), y.data_ptr(), 11, 2**64 - 1, 0x3FC00000])], raw
     assert calls == [] and entry.raw_launches == 1, (calls, entry.raw_launches)
+    p = y.data_ptr()
+    del y
+    state["capturing"] = 1  # the driver's answer, not torch's: a capture gets its own output
+    assert entry(x).data_ptr() != p, "an output reused while the driver said capturing"
+    state["capturing"], state["capture_rc"] = 0, 1  # the driver cannot tell: torch's answer
+    flags["capturing"] = True
+    assert entry(x).data_ptr() != p, "an output reused while torch said capturing"
+    flags["capturing"], state["capture_rc"] = False, 0
+    assert entry(x).data_ptr() == p, "a dropped output was not handed out again"
     state["ctx"] = None  # no CUDA context on this thread: Triton's launcher makes one
     entry(x)
-    assert len(calls) == 1 and len(raw) == 1, (calls, raw)
+    assert len(calls) == 1 and len(raw) == 4, (calls, raw)
     state["ctx"], state["rc"] = 1, 700
     try:
         entry(x)
@@ -187,4 +200,4 @@ def test_our_own_launch_passes_the_parameter_block_and_falls_back_without_a_cont
     done = subprocess.run([sys.executable, "-c", _RAW_BRANCH], capture_output=True, text=True,
                           env=full, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "raw 1" in done.stdout, done.stdout
+    assert "raw 4" in done.stdout, done.stdout

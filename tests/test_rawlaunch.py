@@ -27,7 +27,7 @@ def _compiled(signature=SIG, **meta):
 def driver(monkeypatch):
     sizes = {"now": [8, 8, 4, 4, 8, 8, 4, 8, 8]}  # the signature's, then 2 scratch pointers
     fake = {"cuLaunchKernel": 1, "cuCtxGetCurrent": 2, "cuGetErrorString": 3,
-            "param_sizes": lambda function: list(sizes["now"])}
+            "cuStreamIsCapturing": 4, "param_sizes": lambda function: list(sizes["now"])}
     monkeypatch.setattr(_rawlaunch, "_DRIVER", [fake])
     return sizes
 
@@ -52,7 +52,7 @@ def test_layout_refuses_what_it_does_not_lay_out(signature, values):
 def test_a_spec_matches_the_loaded_functions_parameters(driver):
     spec = _rawlaunch.spec(_compiled(), (6, 1, 1), (7, 2.0, 0x3000, 5, False, 1024))
     function, grid, block, shared, sizes, values, addrs = spec
-    assert (function, grid, block, shared, addrs) == (0xABC, (6, 1, 1), 128, 256, (1, 2, 3))
+    assert (function, grid, block, shared, addrs) == (0xABC, (6, 1, 1), 128, 256, (1, 2, 3, 4))
     assert list(sizes) == driver["now"]
     assert values[:3] == (0, 0, 7) and values[-2:] == (0, 0)  # x, out; the scratch pointers
 

@@ -6,7 +6,8 @@ arguments but two addresses, so ``spec`` lays the kernel's parameter block out o
 value and size of every parameter the compiled function takes, the input's and output's
 slots, the grid, block and shared memory. The plan's C entry
 (``runtime._fastcall.Entry.set_raw``) copies that block, writes the two addresses and
-calls ``cuLaunchKernel`` itself.
+calls ``cuLaunchKernel`` itself; it also asks the driver, not torch, whether a graph
+captures the stream.
 
 The layout comes from the kernel's own signature and is checked against what the loaded
 function says it takes (``cuFuncGetParamInfo``, CUDA 12.4 drivers and later): the count
@@ -37,7 +38,7 @@ def driver() -> dict | None:
     found: dict | None = None
     try:
         lib = ctypes.CDLL("libcuda.so.1")
-        names = ("cuLaunchKernel", "cuCtxGetCurrent", "cuGetErrorString")
+        names = ("cuLaunchKernel", "cuCtxGetCurrent", "cuGetErrorString", "cuStreamIsCapturing")
         found = {n: ctypes.cast(getattr(lib, n), ctypes.c_void_p).value for n in names}
         info = lib.cuFuncGetParamInfo  # CUDA 12.4 drivers and later
         info.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t),
@@ -132,4 +133,5 @@ def _spec(compiled, grid: tuple, ints: tuple) -> tuple | None:
     block = 32 * int(meta.num_warps)
     return (int(function), (gx, gy, gz), block, int(meta.shared),
             bytes(s for s, _ in params), tuple(v for _, v in params),
-            (drv["cuLaunchKernel"], drv["cuCtxGetCurrent"], drv["cuGetErrorString"]))
+            tuple(drv[n] for n in ("cuLaunchKernel", "cuCtxGetCurrent", "cuGetErrorString",
+                                   "cuStreamIsCapturing")))

@@ -34,6 +34,7 @@ typedef int (*cu_launch_t)(void *f, unsigned gx, unsigned gy, unsigned gz, unsig
                            void **params, void **extra);
 typedef int (*cu_ctx_t)(void **ctx);
 typedef int (*cu_error_t)(int code, const char **text);
+typedef int (*cu_capturing_t)(void *stream, int *status);
 #define RAW_MAX 64  /* kernel parameters a raw launch lays out */
 
 typedef struct {
@@ -84,6 +85,7 @@ typedef struct {
     cu_launch_t raw_launch;
     cu_ctx_t raw_ctx;
     cu_error_t raw_error;
+    cu_capturing_t raw_capturing;  /* cuStreamIsCapturing, 0: ask torch */
     PyObject *raw_owner;   /* keeps the compiled kernel (its module and function) loaded */
     long long raw_launches;  /* launches made by raw_fire (checks) */
 } Entry;
@@ -402,6 +404,15 @@ static PyObject *reusable(Entry *self, long long stream) {
     return NULL;
 }
 
+/* whether a CUDA graph captures `stream`: the driver's answer when set_raw gave its entry
+ * point (a fraction of torch's query), else torch's; -1 error */
+static int capturing(Entry *self, long long stream) {
+    int status = 0;
+    if (self->raw_capturing && self->raw_capturing((void *)(intptr_t)stream, &status) == 0)
+        return status != 0;  /* CU_STREAM_CAPTURE_STATUS_NONE is 0 */
+    return truth_of_call(self->capturing);
+}
+
 /* whether this thread has a CUDA context to launch in (else Triton's launcher makes one) */
 static int raw_ready(Entry *self) {
     void *ctx = NULL;
@@ -482,7 +493,7 @@ static PyObject *entry_run(Entry *self, PyObject *x, PyObject *out, int site_fro
     if (out == Py_None) {
         if (self->device < 0) capture = 0;
         else if (capture == -2) {
-            capture = truth_of_call(self->capturing);
+            capture = capturing(self, stream);
             if (capture < 0) { Py_XDECREF(dev); return NULL; }
         }
         int reuse = PyList_GET_SIZE(self->reuse) > 0 && PyObject_IsTrue(PyList_GET_ITEM(self->reuse, 0)) == 1;
@@ -577,19 +588,20 @@ static PyObject *entry_set_capture_choice(Entry *self, PyObject *flag) {
     Py_RETURN_NONE;
 }
 
-/* set_raw(function, (gx, gy, gz), block, shared, values, (launch, ctx, error), owner):
+/* set_raw(function, (gx, gy, gz), block, shared, values, (launch, ctx, error, capturing),
+ *         owner):
  * launch through cuLaunchKernel from now on. values: every kernel parameter as a
  * 64-bit little-endian pattern, (x, out) first (their values are the call's). */
 static PyObject *entry_set_raw(Entry *self, PyObject *args) {
-    unsigned long long function, launch, ctx, error;
+    unsigned long long function, launch, ctx, error, capt;
     unsigned gx, gy, gz, block, shared;
     PyObject *values, *owner;
     if (!self->block) {
         PyErr_SetString(PyExc_RuntimeError, "Entry: not initialized");
         return NULL;
     }
-    if (!PyArg_ParseTuple(args, "K(III)IIO!(KKK)O", &function, &gx, &gy, &gz, &block, &shared,
-                          &PyTuple_Type, &values, &launch, &ctx, &error, &owner))
+    if (!PyArg_ParseTuple(args, "K(III)IIO!(KKKK)O", &function, &gx, &gy, &gz, &block, &shared,
+                          &PyTuple_Type, &values, &launch, &ctx, &error, &capt, &owner))
         return NULL;
     Py_ssize_t n = PyTuple_GET_SIZE(values);
     if (n < 2 || n > RAW_MAX || !function || !launch || !ctx || !gx || !gy || !gz || !block) {
@@ -611,6 +623,7 @@ static PyObject *entry_set_raw(Entry *self, PyObject *args) {
     self->raw_launch = (cu_launch_t)(uintptr_t)launch;
     self->raw_ctx = (cu_ctx_t)(uintptr_t)ctx;
     self->raw_error = (cu_error_t)(uintptr_t)error;
+    self->raw_capturing = (cu_capturing_t)(uintptr_t)capt;
     Py_INCREF(owner);
     Py_XSETREF(self->raw_owner, owner);
     self->raw_n = (int)n;
