@@ -223,13 +223,34 @@ static int set_attr_ll(PyObject *o, PyObject *name, long long value) {
     return r;
 }
 
-static long long call_ll(PyObject *o, PyObject *method) {
-    PyObject *v = PyObject_CallMethodNoArgs(o, method);
+/* torch.Tensor and its descriptors (use_tensor_type): a tensor of exactly that type is
+ * asked through them, without looking the name up on every call */
+static PyTypeObject *tensor_type;
+static PyObject *d_data_ptr, *d_use_count, *d_get_device, *d_is_contiguous;  /* methods */
+static PyObject *d_shape, *d_dtype, *d_requires_grad;                      /* attributes */
+
+static PyObject *t_call(PyObject *o, PyObject *descr, PyObject *name) {
+    if (descr && Py_TYPE(o) == tensor_type) return PyObject_CallOneArg(descr, o);
+    return PyObject_CallMethodNoArgs(o, name);
+}
+
+static PyObject *t_get(PyObject *o, PyObject *descr, PyObject *name) {
+    if (descr && Py_TYPE(o) == tensor_type)
+        return Py_TYPE(descr)->tp_descr_get(descr, o, (PyObject *)tensor_type);
+    return PyObject_GetAttr(o, name);
+}
+
+#define T_CALL(o, m) t_call((o), d_##m, s_##m)
+#define T_GET(o, a) t_get((o), d_##a, s_##a)
+
+static long long ll_of(PyObject *v) {
     if (!v) return -1;
     long long r = PyLong_AsLongLong(v);
     Py_DECREF(v);
     return r;
 }
+
+#define TENSOR_LL(o, m) ll_of(T_CALL(o, m))
 
 /* (file, line) of the frame that called the Python function calling us: the user's
  * call site, as _publish's wrapper records it for a run-ahead check's message. */
@@ -352,7 +373,10 @@ static int agree_ahead(Entry *self) {
     }
     if (set_attr_ll(self->block, s_seq, n) < 0) { result = -1; goto done; }
     PyObject *site = PyList_GET_SIZE(self->caller) > 0 ? PyList_GET_ITEM(self->caller, 0) : Py_None;
-    PyObject *item = Py_BuildValue("(LOOOO)", n, self->sig, self->raw, site, self->digest);
+    PyObject *num = PyLong_FromLongLong(n);
+    if (!num) { result = -1; goto done; }
+    PyObject *item = PyTuple_Pack(5, num, self->sig, self->raw, site, self->digest);
+    Py_DECREF(num);
     if (!item) { result = -1; goto done; }
     PyObject *r = PyObject_CallMethodOneArg(pending, s_append, item);
     Py_DECREF(item);
@@ -392,12 +416,14 @@ static PyObject *reusable(Entry *self, long long stream) {
         long long uses = PyLong_AsLongLong(u);
         Py_DECREF(u);
         if (uses != 2) continue;
-        if (call_ll(t, s_use_count) != 1) { PyErr_Clear(); continue; }
-        long long ptr = call_ll(t, s_data_ptr);
+        if (TENSOR_LL(t, use_count) != 1) { PyErr_Clear(); continue; }
+        long long ptr = TENSOR_LL(t, data_ptr);
         if (PyErr_Occurred()) { PyErr_Clear(); continue; }
         if (ptr != PyLong_AsLongLong(PyTuple_GET_ITEM(slot, 1))) continue;
-        int grad = attr_is_true(t, s_requires_grad);
-        if (grad != 0) { PyErr_Clear(); continue; }
+        PyObject *g = T_GET(t, requires_grad);
+        if (!g) { PyErr_Clear(); continue; }
+        Py_DECREF(g);
+        if (g != Py_False) continue;
         Py_INCREF(t);
         return t;
     }
@@ -462,11 +488,11 @@ static PyObject *entry_run(Entry *self, PyObject *x, PyObject *out, int site_fro
         capture = truth_of_call(self->capturing);
         if (capture != 0) { if (capture < 0) return NULL; Py_RETURN_NONE; }
     }
-    long long xp = call_ll(x, s_data_ptr);
+    long long xp = TENSOR_LL(x, data_ptr);
     if (xp == -1 && PyErr_Occurred()) return NULL;
     long long op_ptr = 0;
     if (out != Py_None) {
-        op_ptr = call_ll(out, s_data_ptr);
+        op_ptr = TENSOR_LL(out, data_ptr);
         if (op_ptr == -1 && PyErr_Occurred()) return NULL;
     }
     if (self->device >= 0 && ((self->x_aligned && xp % 16) || (out != Py_None && op_ptr % 16)))
@@ -502,7 +528,7 @@ static PyObject *entry_run(Entry *self, PyObject *x, PyObject *out, int site_fro
             out = PyObject_CallFunction(self->take, "OLO", x, stream, capture ? Py_True : Py_False);
             if (!out) { Py_XDECREF(dev); return NULL; }
         }
-        op_ptr = call_ll(out, s_data_ptr);
+        op_ptr = TENSOR_LL(out, data_ptr);
         if (op_ptr == -1 && PyErr_Occurred()) { Py_XDECREF(dev); Py_DECREF(out); return NULL; }
     } else {
         Py_INCREF(out);
@@ -726,13 +752,13 @@ static int no_kwargs(PyObject *kw) { return kw == NULL || kw == Py_None || PyDic
 
 /* (shape, dtype, device) of x and whether it is contiguous; -1 error (cleared by caller) */
 static int describe(PyObject *x, PyObject **shape, PyObject **dtype, long long *device) {
-    *shape = PyObject_GetAttr(x, s_shape);
+    *shape = T_GET(x, shape);
     if (!*shape) return -1;
-    *dtype = PyObject_GetAttr(x, s_dtype);
+    *dtype = T_GET(x, dtype);
     if (!*dtype) { Py_CLEAR(*shape); return -1; }
-    *device = call_ll(x, s_get_device);
+    *device = TENSOR_LL(x, get_device);
     if (*device == -1 && PyErr_Occurred()) { Py_CLEAR(*shape); Py_CLEAR(*dtype); return -1; }
-    PyObject *c = PyObject_CallMethodNoArgs(x, s_is_contiguous);
+    PyObject *c = T_CALL(x, is_contiguous);
     if (!c) { Py_CLEAR(*shape); Py_CLEAR(*dtype); return -1; }
     int contiguous = c == Py_True;
     Py_DECREF(c);
@@ -878,8 +904,35 @@ static PyObject *item_refcount(PyObject *mod, PyObject *lst) {
     return PyLong_FromSsize_t(Py_REFCNT(PyList_GET_ITEM(lst, 0)));
 }
 
+/* use_tensor_type(torch.Tensor): ask tensors of exactly this type through its descriptors */
+static PyObject *use_tensor_type(PyObject *mod, PyObject *type) {
+    if (!PyType_Check(type)) {
+        PyErr_SetString(PyExc_TypeError, "use_tensor_type: a type (torch.Tensor)");
+        return NULL;
+    }
+    PyObject *names[] = {s_data_ptr, s_use_count, s_get_device, s_is_contiguous, s_shape,
+                         s_dtype, s_requires_grad};
+    PyObject **slots[] = {&d_data_ptr, &d_use_count, &d_get_device, &d_is_contiguous, &d_shape,
+                          &d_dtype, &d_requires_grad};
+    for (int i = 0; i < 7; i++) {
+        PyObject *d = PyObject_GetAttr(type, names[i]);
+        if (!d) return NULL;
+        PyTypeObject *want = i < 4 ? &PyMethodDescr_Type : &PyGetSetDescr_Type;
+        if (Py_TYPE(d) != want) {  /* not the descriptor it must be: ask by name */
+            Py_DECREF(d);
+            d = NULL;
+        }
+        Py_XSETREF(*slots[i], d);
+    }
+    Py_INCREF(type);
+    Py_XSETREF(tensor_type, (PyTypeObject *)type);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"item_refcount", item_refcount, METH_O, "Py_REFCNT(lst[0])"},
+    {"use_tensor_type", use_tensor_type, METH_O,
+     "ask tensors of exactly this type (torch.Tensor) through its descriptors"},
     {NULL, NULL, 0, NULL}
 };
 

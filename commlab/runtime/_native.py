@@ -101,6 +101,7 @@ def module() -> ModuleType | None:
     if _config.get("COMMLAB_NATIVE"):
         try:
             mod = load(build())
+            mod.use_tensor_type(torch.Tensor)
         except Exception as e:  # noqa: BLE001 - any failure: the Python path, said once
             warnings.warn(f"commlab: the C fast path for repeated calls is off ({e}); calls "
                           f"take the Python launch plan (a few microseconds more each)",
