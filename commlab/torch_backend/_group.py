@@ -141,18 +141,21 @@ class CommlabProcessGroup(dist.ProcessGroup):
         return comm
 
     def _native(self, *tensors):
-        """The Communicator when these tensors run on commlab's kernels, else None."""
+        """The Communicator when these tensors (and lists of them) run on commlab's
+        kernels, else None. A method whose argument is one list of tensors passes it
+        unpacked (``self._native(*tensors)``): the loop below then checks each tensor
+        itself instead of calling ``_dense_on`` for the list (0.2 us a call, CPU)."""
         if not self.spans_world:
             return None
         comm = self._comm
         if comm is None or comm.closed:
             comm = self.communicator()
         cuda = self._on == "cuda"
-        for x in tensors:  # _dense_on, its top level inlined (most calls pass tensors)
+        for x in tensors:  # _dense_on, its top level inlined
             if isinstance(x, torch.Tensor):
                 if not (x.is_cuda if cuda else x.is_cpu) or x.layout is not _STRIDED:
                     return None
-            elif not _dense_on(self._on, x):
+            elif isinstance(x, (list, tuple)) and not _dense_on(self._on, x):
                 return None
         return comm
 
@@ -183,7 +186,7 @@ class CommlabProcessGroup(dist.ProcessGroup):
     @_traced("all_reduce")
     def allreduce(self, tensors, opts=None):
         opts = opts or dist.AllreduceOptions()
-        comm = self._native(tensors)
+        comm = self._native(*tensors)
         if comm is None:
             return self._fb(tensors).allreduce(tensors, opts)
         name = op_name(opts.reduceOp)
@@ -194,7 +197,7 @@ class CommlabProcessGroup(dist.ProcessGroup):
     @_traced("all_reduce")
     def allreduce_coalesced(self, tensors, opts=None):
         opts = opts or dist.AllreduceCoalescedOptions()
-        comm = self._native(tensors)
+        comm = self._native(*tensors)
         if comm is None:
             return self._fb(tensors).allreduce_coalesced(tensors, opts)
         name = op_name(opts.reduceOp)
@@ -205,7 +208,7 @@ class CommlabProcessGroup(dist.ProcessGroup):
     @_traced("broadcast")
     def broadcast(self, tensors, opts=None):
         opts = opts or dist.BroadcastOptions()
-        comm = self._native(tensors)
+        comm = self._native(*tensors)
         if comm is None:
             return self._fb(tensors).broadcast(tensors, opts)
         for t in tensors:
@@ -343,7 +346,7 @@ class CommlabProcessGroup(dist.ProcessGroup):
     @_traced("reduce")
     def reduce(self, tensors, opts=None):
         opts = opts or dist.ReduceOptions()
-        comm = self._native(tensors)
+        comm = self._native(*tensors)
         if comm is None:
             return self._fb(tensors).reduce(tensors, opts)
         name = op_name(opts.reduceOp)
