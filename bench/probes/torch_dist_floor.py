@@ -37,6 +37,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -154,9 +155,12 @@ def _commlab_rows(t: torch.Tensor, dev, iters: int, reps: int) -> dict:
 
     dist.init_process_group("cpu:gloo,cuda:commlab" if dev.type == "cuda" else "commlab")
     commlab.init()
-    pg = dist.group.WORLD
-    be = pg._get_backend(dev) if dev.type == "cuda" else pg  # type: ignore[union-attr]
+    from commlab.torch_backend import CommlabProcessGroup
+
+    pg = dist.group.WORLD  # "cpu:gloo,cuda:commlab": torch keeps the Python group itself
+    be: Any = pg if isinstance(pg, CommlabProcessGroup) else pg._get_backend(dev)  # type: ignore[union-attr]
     opts = _blocking()
+    noop = dist.new_group(backend=NOOP)
     dist.all_reduce(t)
     commlab.all_reduce(t)
 
@@ -169,9 +173,12 @@ def _commlab_rows(t: torch.Tensor, dev, iters: int, reps: int) -> dict:
             timed(lambda: _into.all_reduce_(t, "sum", "auto")),
         "dist.all_reduce(t)": timed(lambda: dist.all_reduce(t)),
         "backend.allreduce([t], opts)": timed(lambda: be.allreduce([t], opts)),
+        # the noop backend's floor beside real work (layers run colder than alone)
+        "direct + dist.all_reduce(t, group=noop)": timed(
+            lambda: (commlab.all_reduce(t), dist.all_reduce(t, group=noop))),
     }
     real = _into.all_reduce_
-    _into.all_reduce_ = lambda t, op, algorithm: t  # left: torch's layers and the backend's
+    _into.all_reduce_ = lambda x, op, algorithm: x  # left: torch's layers and the backend's
     try:
         rows["dist.all_reduce(t), the runner a no-op"] = timed(lambda: dist.all_reduce(t), iters)
         rows["backend.allreduce([t], opts), the runner a no-op"] = timed(
