@@ -30,6 +30,12 @@ def test_a_sparse_all_reduce_runs_on_the_fallback_and_matches_gloo(world):
         assert out["routes"] == {"fallback:allreduce": 1}, out["routes"]
 
 
+def test_every_way_into_all_reduce_sums_like_gloo_and_counts_one_kernel_call(world):
+    for out in world(te.routes_world, 3, init=False):
+        assert out["got"] == [out["ref"]] * 4 and out["done"] is True, out
+        assert out["routes"] == {"kernel:allreduce": 3}, out["routes"]
+
+
 def test_a_rank_missing_from_a_groups_collective_is_named_after_the_groups_timeout(world):
     out = world(te.missing_rank_world, 2, init=False, env=ENV)[0]
     for phase in ("build", "agreement"):  # the lazy build, then the agreement

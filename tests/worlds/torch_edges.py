@@ -81,6 +81,26 @@ def sparse_world(comm) -> dict:
             "routes": {f"{k[0]}:{k[1]}": v for k, v in _group.ROUTES.items()}}
 
 
+def routes_world(comm) -> dict:
+    """all_reduce's ways in (blocking, ``async_op=True``, the group's method without
+    options): each sums as gloo does and counts once as a kernel call."""
+    rank, W, gloo = _start()
+    from commlab.torch_backend import _group
+
+    x = torch.arange(7.0) * (rank + 1)
+    ref = x.clone()
+    dist.all_reduce(ref, group=gloo)
+    _group.ROUTES.clear()
+    a, b, c = x.clone(), x.clone(), x.clone()
+    dist.all_reduce(a)
+    work = dist.all_reduce(b, async_op=True)
+    done = work.wait()
+    fut = work.get_future().wait()
+    dist.group.WORLD.allreduce([c]).wait()  # type: ignore[union-attr]
+    return {"ref": ref.tolist(), "got": [a.tolist(), b.tolist(), fut[0].tolist(), c.tolist()],
+            "done": done, "routes": {f"{k[0]}:{k[1]}": v for k, v in _group.ROUTES.items()}}
+
+
 def _timed(fn) -> tuple[str, float]:
     t0 = time.monotonic()
     try:
