@@ -160,7 +160,8 @@ def main() -> int:
         name = "commlab.all_reduce, Triton's launcher"
         res[name] = per_call_ns(lambda: commlab.all_reduce(x), a.iters, a.reps) - base
         _rawlaunch.ALLOW[0] = True
-    info = {"raw_launches": raw, "toolchain": toolchain(), "native": os.environ.get("COMMLAB_NATIVE", "1"), "bytes": a.bytes, "tier": dict(_launcher.TIERS),
+    info = {"commit": os.environ.get("COMMLAB_COMMIT", ""), "raw_launches": raw,
+            "toolchain": toolchain(), "native": os.environ.get("COMMLAB_NATIVE", "1"), "bytes": a.bytes, "tier": dict(_launcher.TIERS),
             "runner_launch": type(runner_launch).__name__, "words": words is not None,
             "python": sys.version.split()[0], "torch": torch.__version__,
             "device": torch.cuda.get_device_name(0), "ns_per_call": res}
