@@ -9,6 +9,8 @@
 #   eager1   bench/eager_bench.py, a world of one (issue 29's goal table)
 #   eager2   bench/eager_bench.py --ranks 2 (two ranks sharing the GPU)
 #   tbo1 tbo2  bench/checks/gpu_torch_backend_overhead.py, 1 and 2 ranks (issue 29 item 3)
+#   floor    bench/probes/torch_dist_floor.py --device cuda --commlab (what torch's dist.*
+#            costs on backends that do nothing, beside the commlab backend)
 #   adapt    bench/checks/gpu_adapt_switch.py (algorithm changes between calls, issue 30)
 #   abort    bench/checks/gpu_elastic_abort.py --ranks 2 (the abort word in GPU spins)
 #   adaptb   bench/adapt_bench.py --backend cuda --ranks 2 (online selection while
@@ -61,6 +63,9 @@ step w4 "suite, 4 ranks" 200 $PY bench/checks/gpu_shared_suite.py --ranks 4 --ti
   --out "$OUTDIR/gpu-shared-w4.json"
 step tbo1 "torch backend per call, one rank" 60 $PY bench/checks/gpu_torch_backend_overhead.py \
   --ranks 1 --out "$OUTDIR/torch-backend-overhead-gpu-w1.json"
+step floor "the floor torch puts under dist.all_reduce" 120 env MASTER_PORT=29631 \
+  $PY bench/probes/torch_dist_floor.py --device cuda --commlab --iters 10000 --reps 5 \
+  --out "$OUTDIR/torch-dist-floor-cuda.json"
 step tbo2 "torch backend per call, 2 ranks" 90 $PY bench/checks/gpu_torch_backend_overhead.py \
   --ranks 2 --iters 10 --reps 5 --out "$OUTDIR/torch-backend-overhead-gpu-w2.json"
 step eager2 "eager per-call times, 2 ranks sharing the GPU" 120 $PY bench/eager_bench.py \
