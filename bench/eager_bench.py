@@ -10,8 +10,10 @@ For all_reduce, all_gather, reduce_scatter, broadcast and all_to_all at 8 B .. 1
 the same op and torch symmetric memory's one_shot all_reduce of the same size, each checked
 against NCCL (gloo on host copies where NCCL cannot run: ranks sharing a GPU) before it is
 timed, then timed eagerly with CUDA events: ``inner`` back-to-back calls between two
-events, the median of ``reps`` such runs, the slowest rank's (so host cost shows when it
-is larger than the device's). Also the torch backend: ``dist.all_reduce`` on the
+events, the slowest rank's (so host cost shows when it is larger than the device's),
+``reps`` times. The implementations of one (op, size) are sampled in rounds, in turn, and
+the ratios the goal reads are medians over rounds of the ratio within a round: a host that
+drifts between fast and slow states (seen on the H100 hosts: ±30%) moves them alike. Also the torch backend: ``dist.all_reduce`` on the
 "commlab" group against ``commlab.all_reduce`` of the same tensor, and commlab's launch
 plan as it was before issue 29 (``legacy``: ``kernel[grid]``, a fresh output, the
 agreement through ``agree``) for the before/after profile.
@@ -156,31 +158,57 @@ def _align(comm) -> None:
     dist.barrier(group=comm.cpu_group)
 
 
+def _sample_us(comm, call, inner: int, ev) -> float:
+    """µs per call of ``inner`` back-to-back calls, after every rank is aligned."""
+    _align(comm)
+    if ev is not None:
+        ev[0].record()
+    t0 = time.perf_counter()
+    for _ in range(inner):
+        call()
+    if ev is None:
+        return (time.perf_counter() - t0) * 1e6 / inner
+    ev[1].record()
+    ev[1].synchronize()
+    return ev[0].elapsed_time(ev[1]) * 1e3 / inner
+
+
+def _slowest(comm, values: list[float]) -> list[float]:
+    """Each value's maximum over the ranks."""
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=comm.cpu_group)
+    return t.tolist()
+
+
 def time_us(comm, call, *, reps: int, inner: int, warmup: int) -> float:
     """Median µs per call of ``inner`` back-to-back calls (CUDA events on GPU, the host
     clock on CPU), over ``reps`` runs; the slowest rank's median."""
-    for _ in range(warmup):
-        call()
-    samples = []
-    cuda = comm.backend == "cuda"
-    ev = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) \
-        if cuda else None
-    for _ in range(reps):
-        _align(comm)
-        if cuda:
-            ev[0].record()
-        t0 = time.perf_counter()
-        for _ in range(inner):
-            call()
-        if cuda:
-            ev[1].record()
-            ev[1].synchronize()
-            samples.append(ev[0].elapsed_time(ev[1]) * 1e3 / inner)
-        else:
-            samples.append((time.perf_counter() - t0) * 1e6 / inner)
-    med = torch.tensor([statistics.median(samples)], dtype=torch.float64)
-    dist.all_reduce(med, op=dist.ReduceOp.MAX, group=comm.cpu_group)
-    return float(med.item())
+    return statistics.median(time_rounds(comm, {"x": call}, reps=reps, inner=inner,
+                                         warmup=warmup)["x"])
+
+
+def time_rounds(comm, calls: dict, *, reps: int, inner: int, warmup: int) -> dict:
+    """Per implementation, ``reps`` samples (µs per call, the slowest rank's) taken in
+    rounds: each round samples every implementation once, in a rotating order, so a
+    machine that drifts between fast and slow states moves all of them alike and a
+    round's ratios compare like with like."""
+    names = list(calls)
+    for name in names:
+        for _ in range(warmup):
+            calls[name]()
+    ev = ((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+          if comm.backend == "cuda" else None)
+    samples: dict = {n: [] for n in names}
+    for k in range(reps):
+        for name in names[k % len(names):] + names[:k % len(names)]:
+            samples[name].append(_sample_us(comm, calls[name], inner, ev))
+    flat = _slowest(comm, [v for n in names for v in samples[n]])
+    return {n: flat[i * reps:(i + 1) * reps] for i, n in enumerate(names)}
+
+
+def paired(a: list[float], b: list[float]) -> float:
+    """The median over rounds of a / b (time_rounds' samples of two implementations)."""
+    return statistics.median(x / y for x, y in zip(a, b, strict=True))
 
 
 @contextlib.contextmanager
@@ -219,13 +247,15 @@ def measure(comm, opts: dict) -> dict:
     """Every row of one run on this rank (the same list on every rank)."""
     dtype = getattr(torch, opts["dtype"])
     reps, inner, warmup = opts["reps"], opts["inner"], opts["warmup"]
-    rows, failures, notes = [], [], []
+    rows, pairs, failures, notes = [], [], [], []
 
-    def timed(op, impl, nbytes, call, ref=None, reset=None):
+    def checked(op, impl, nbytes, call, ref=None, reset=None):
+        """``call`` after its first call (the slow path, leaving the plan) and a repeat
+        that equals ``ref`` on every rank; None (a failure noted) otherwise."""
         try:
             if reset is not None:
                 reset()
-            call()  # the first call takes the slow path and leaves the plan: check a repeat
+            call()
             if reset is not None:
                 reset()
             if ref is not None:
@@ -236,14 +266,21 @@ def measure(comm, opts: dict) -> dict:
                     failures.append(f"{op} {impl} {nbytes} B: "
                                     + "; ".join(f"rank {r}: {b}" for r, b in enumerate(bad_all) if b))
                     return None
-            us = time_us(comm, call, reps=reps, inner=inner, warmup=warmup)
         except Exception as e:  # noqa: BLE001 - one failed impl must not end the run
             failures.append(f"{op} {impl} {nbytes} B: {type(e).__name__}: {str(e)[:300]}")
             return None
+        return call
+
+    def timed(op, impl, nbytes, call, ref=None, reset=None):
+        call = checked(op, impl, nbytes, call, ref, reset)
+        if call is None:
+            return None
+        us = time_us(comm, call, reps=reps, inner=inner, warmup=warmup)
         rows.append({"op": op, "impl": impl, "bytes": nbytes, "time_us": us})
         return us
 
     for nbytes in opts["sizes"]:
+        sym = None  # symm-mem one_shot all_reduce of this size: timed beside every op
         for op in opts["ops"]:
             x, total = make_input(op, nbytes, dtype, comm)
             ref = _host_reference(op, comm, x)
@@ -258,12 +295,9 @@ def measure(comm, opts: dict) -> dict:
             except Exception as e:  # noqa: BLE001 - reported; commlab is checked against gloo
                 failures.append(f"{op} nccl {total} B: {type(e).__name__}: {str(e)[:300]}")
                 nccl = None
-            timed(op, COMMLAB, total, commlab_call(op, x), ref)
-            if op == "all_reduce":
-                with legacy_plans(comm):
-                    timed(op, "commlab:auto(legacy)", total, commlab_call(op, x), ref)
+            group = {COMMLAB: checked(op, COMMLAB, total, commlab_call(op, x), ref)}
             if nccl is not None:
-                timed(op, "nccl", total, nccl, None)
+                group["nccl"] = nccl
             if op == "all_reduce":
                 try:
                     sym = symm_call(comm, x)
@@ -271,15 +305,38 @@ def measure(comm, opts: dict) -> dict:
                     failures.append(f"symm-mem {total} B: {type(e).__name__}: {str(e)[:300]}")
                     sym = None
                 if sym is not None:
-                    timed(op, SYMM, total, sym, ref)
+                    sym = checked(op, SYMM, total, sym, ref)
                 if opts["torch_backend"]:
                     call, reset = torch_backend_call(x)
-                    timed(op, "torch_backend:commlab", total, call, ref, reset)
+                    group["torch_backend:commlab"] = checked(op, "torch_backend:commlab", total,
+                                                             call, ref, reset)
+            if sym is not None:
+                group[SYMM] = sym
+            group = {k: v for k, v in group.items() if v is not None}
+            got = time_rounds(comm, group, reps=reps, inner=inner, warmup=warmup) if group else {}
+            for impl, samples in got.items():
+                if impl != SYMM or op == "all_reduce":  # symm-mem's record: its own op's row
+                    rows.append({"op": op, "impl": impl, "bytes": total,
+                                 "time_us": statistics.median(samples)})
+            if COMMLAB in got:
+                pair = {"op": op, "bytes": total}
+                for other, key in ((SYMM, "vs_symm"), ("nccl", "vs_nccl"),
+                                   ("torch_backend:commlab", "torch_backend_vs_direct")):
+                    if other in got:
+                        a, b = (got[other], got[COMMLAB]) if key.startswith("torch") else (
+                            got[COMMLAB], got[other])
+                        pair[key] = paired(a, b)
+                if SYMM in got:
+                    pair["symm_us_beside"] = statistics.median(got[SYMM])
+                pairs.append(pair)
+            if op == "all_reduce":
+                with legacy_plans(comm):
+                    timed(op, "commlab:auto(legacy)", total, commlab_call(op, x), ref)
         comm.synchronize()
     if _shared(comm):
         notes.append("ranks share one GPU: NCCL refuses the same GPU twice and symmetric "
                      "memory overlapping devices, so neither runs; references by gloo")
-    return {"rows": rows, "failures": failures, "notes": notes}
+    return {"rows": rows, "pairs": pairs, "failures": failures, "notes": notes}
 
 
 def profile_text(comm, nbytes: int, dtype, calls: int = 200) -> str:
@@ -338,23 +395,30 @@ def rank_main(comm, opts: dict) -> dict:
 # --- report -------------------------------------------------------------------------
 
 
-def verdicts(rows: list[dict]) -> list[dict]:
-    """Per (op, bytes): commlab's time, its ratio to symm-mem one_shot all_reduce of the
-    same bytes (goal <= 0.8) and to NCCL's same op (goal < 1)."""
+def verdicts(rows: list[dict], pairs: list[dict] | None = None) -> list[dict]:
+    """Per (op, bytes): commlab's time and its ratios to symm-mem one_shot all_reduce of
+    the same bytes (goal <= 0.8) and to NCCL's same op (goal < 1): the median over rounds
+    of the ratio of samples taken side by side (``pairs``) where the run has them, else
+    the ratio of the medians."""
     by = {(r["op"], r["impl"], r["bytes"]): r["time_us"] for r in rows}
+    side = {(p["op"], p["bytes"]): p for p in pairs or []}
     out = []
     for (op, impl, nbytes), us in sorted(by.items(), key=lambda kv: (OPS.index(kv[0][0]), kv[0][2])):
         if impl != COMMLAB:
             continue
-        symm = by.get(("all_reduce", SYMM, nbytes))
+        pair = side.get((op, nbytes), {})
+        symm = pair.get("symm_us_beside", by.get(("all_reduce", SYMM, nbytes)))
         nccl = by.get((op, "nccl", nbytes))
         v = {"op": op, "bytes": nbytes, "commlab_us": us, "symm_us": symm, "nccl_us": nccl,
-             "vs_symm": us / symm if symm else None, "vs_nccl": us / nccl if nccl else None}
+             "vs_symm": pair.get("vs_symm", us / symm if symm else None),
+             "vs_nccl": pair.get("vs_nccl", us / nccl if nccl else None),
+             "paired": bool(pair)}
         v["goal"] = (v["vs_symm"] is not None and v["vs_symm"] <= 0.8
                      and v["vs_nccl"] is not None and v["vs_nccl"] < 1.0)
         tb, legacy = by.get((op, "torch_backend:commlab", nbytes)), by.get((op, "commlab:auto(legacy)", nbytes))
         if tb:
-            v["torch_backend_us"], v["torch_backend_vs_direct"] = tb, tb / us
+            v["torch_backend_us"] = tb
+            v["torch_backend_vs_direct"] = pair.get("torch_backend_vs_direct", tb / us)
         if legacy:
             v["legacy_us"] = legacy
         out.append(v)
@@ -383,11 +447,12 @@ def write(result: dict, opts: dict) -> list[Path]:
                                world_size=w, time_us=r["time_us"], device=result["device"],
                                commit=commit, mode="eager").__dict__
                for r in result["rows"] if r["impl"] in (COMMLAB, "nccl", SYMM)]
-    vs = verdicts(result["rows"])
+    vs = verdicts(result["rows"], result.get("pairs"))
     paths = [stem.with_suffix(".json"), Path(f"{stem}-extra.json"), Path(f"{stem}-profile.txt")]
     paths[0].write_text(json.dumps(records, indent=1) + "\n")
     paths[1].write_text(json.dumps({"commit": commit, "device": result["device"],
-                                    "rows": result["rows"], "verdicts": vs,
+                                    "rows": result["rows"], "pairs": result.get("pairs", []),
+                                    "verdicts": vs,
                                     "failures": result["failures"], "notes": result["notes"],
                                     "options": opts}, indent=1) + "\n")
     paths[2].write_text(result["profile"])
@@ -444,10 +509,11 @@ def main(argv=None) -> int:
         opts["name"] = "h200" if "H200" in result["device"].upper() else (
             "cpu" if result["backend"] == "cpu" else result["device"].split()[-1].lower())
     paths = write(result, opts)
-    vs = verdicts(result["rows"])
+    vs = verdicts(result["rows"], result.get("pairs"))
     print(f"world {result['world_size']}, {result['device']}, {opts['dtype']}, torch "
           f"{torch.__version__}; us per eager call (median of {opts['reps']} x "
-          f"{opts['inner']} back-to-back calls); goal: /symm <= 0.8 and /nccl < 1")
+          f"{opts['inner']} back-to-back calls, every implementation of a row sampled in "
+          f"turn; ratios: median over those rounds); goal: /symm <= 0.8 and /nccl < 1")
     print(table(vs))
     for n in result["notes"]:
         print("note:", n)
