@@ -229,7 +229,8 @@ def main(argv: list[str] | None = None) -> int:
         for k, v in rows.items():
             print(f"  {k:<62} {v:8.2f}")
     if a.out:
-        Path(a.out).write_text(json.dumps({"torch": torch.__version__, "device": name,
+        Path(a.out).write_text(json.dumps({"commit": os.environ.get("COMMLAB_COMMIT", ""),
+                                           "torch": torch.__version__, "device": name,
                                            "iters": a.iters, "reps": a.reps,
                                            "us_per_call": tables}, indent=1) + "\n")
         print(f"wrote {a.out}")
