@@ -28,12 +28,11 @@ subtracted from none of them; on CUDA the tensor is on the GPU and each run ends
 
 The answer (8 B, world of one): torch alone costs more than issue 29's budget of 0.1x a
 ~6 us direct call. On the shared 2-core box (torch 2.13, CPU tensor) ``dist.all_reduce``
-takes 2.1 us on the do-nothing Python group and 3.8 us on ``FakeProcessGroup`` (the C++
-dispatcher: 1.4 us of it); on the H100 host (torch 2.11, the same rows run from a
-condensed copy of this script) 5.7 and 9.7 us with a CUDA tensor, 3.4 and 6.6 with a CPU
-one. A completed Work costs 0.07 us shared, 0.4-0.5 made per call (a ``dist.Work``
-subclass, ``FakeWork``), 2.5 from a Future. So 1.1x is out of reach for any backend
-behind ``dist.*``, a C++ one included.
+takes 2.1 us on the do-nothing Python group and 4.0 us on ``FakeProcessGroup``; on one
+H100 host (torch 2.11, CUDA tensor, ``bench/results/h100-torch-dist-floor.json``) 2.4 and
+8.1 us against a direct ``commlab.all_reduce`` of 6.05. A completed Work costs 0.07 us
+shared, 0.4-0.7 made per call (a ``dist.Work`` subclass, ``FakeWork``), 2.5-6.7 from a
+Future. So 1.1x is out of reach for any backend behind ``dist.*``, a C++ one included.
 """
 
 from __future__ import annotations
