@@ -67,6 +67,15 @@ def test_without_the_c_path_calls_take_the_python_plan(tmp_path, env, entries, w
     assert ("the C fast path for repeated calls is off" in done.stderr) == warned, done.stderr
 
 
+def _run_script(script: str) -> str:
+    """Run ``script`` in a fresh CPU-backend interpreter; its stdout (it must succeed)."""
+    full = {**os.environ, "COMMLAB_BACKEND": "cpu"}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env=full, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
 _ENTRY = textwrap.dedent("""
     import torch, commlab
     from commlab.collectives import _launcher, _outputs
@@ -123,11 +132,7 @@ _GPU_BRANCH = _ENTRY + textwrap.dedent("""
 def test_the_gpu_branch_fills_the_launchers_arguments_and_declines_what_it_must():
     # the C entry's GPU branch with a recording launcher, on CPU tensors: the argument
     # layout, the call counter, output reuse, captures, and a profiler or launch hook
-    full = {**os.environ, "COMMLAB_BACKEND": "cpu"}
-    done = subprocess.run([sys.executable, "-c", _GPU_BRANCH], capture_output=True, text=True,
-                          env=full, timeout=120)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "hits 4" in done.stdout, done.stdout
+    assert "hits 4" in _run_script(_GPU_BRANCH)
 
 
 _RAW_BRANCH = _ENTRY + textwrap.dedent("""
@@ -196,8 +201,4 @@ def test_our_own_launch_passes_the_parameter_block_and_falls_back_without_a_cont
     # the C entry's cuLaunchKernel branch with recording driver functions (ctypes) on CPU
     # tensors: grid, block, shared memory, stream, every parameter; no context on the
     # thread: Triton's launcher; a failed launch: the driver's own words
-    full = {**os.environ, "COMMLAB_BACKEND": "cpu"}
-    done = subprocess.run([sys.executable, "-c", _RAW_BRANCH], capture_output=True, text=True,
-                          env=full, timeout=120)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "raw 4" in done.stdout, done.stdout
+    assert "raw 4" in _run_script(_RAW_BRANCH)
