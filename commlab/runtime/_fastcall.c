@@ -88,6 +88,9 @@ typedef struct {
     cu_capturing_t raw_capturing;  /* cuStreamIsCapturing, 0: ask torch */
     PyObject *raw_owner;   /* keeps the compiled kernel (its module and function) loaded */
     long long raw_launches;  /* launches made by raw_fire (checks) */
+    PyObject *site_code;   /* call_site's last (code, instruction) and its (file, line) */
+    int site_lasti;
+    PyObject *site;
 } Entry;
 
 static PyObject *s_seq, *s_enabled, *s_last, *s_entered, *s_mine, *s_last_published,
@@ -100,7 +103,7 @@ static PyObject *s_seq, *s_enabled, *s_last, *s_entered, *s_mine, *s_last_publis
     X(acquire) X(release) X(pending) X(drains) X(words) X(tensors) X(storages) X(slots) \
     X(take) X(reuse) X(use_storage) X(launch) X(before) X(middle) X(after) X(ints) \
     X(raw_stream) X(capturing) X(hooked) X(tracing) X(profiling) X(launches) X(book) \
-    X(note_tail) X(raw_owner)
+    X(note_tail) X(raw_owner) X(site_code) X(site)
 
 static int entry_traverse(Entry *self, visitproc visit, void *arg) {
 #define VISIT(f) Py_VISIT(self->f);
@@ -253,16 +256,36 @@ static long long ll_of(PyObject *v) {
 #define TENSOR_LL(o, m) ll_of(T_CALL(o, m))
 
 /* (file, line) of the frame that called the Python function calling us: the user's
- * call site, as _publish's wrapper records it for a run-ahead check's message. */
-static PyObject *call_site(void) {
+ * call site, as _publish's wrapper records it for a run-ahead check's message. The last
+ * (code, instruction) and its tuple are kept: a call repeated from the same line costs no
+ * line-table lookup and no new tuple. */
+static PyObject *call_site(Entry *self) {
     PyFrameObject *f = PyEval_GetFrame();  /* borrowed: the public function's frame */
     if (!f) Py_RETURN_NONE;
     PyFrameObject *back = PyFrame_GetBack(f);  /* new reference */
     if (!back) Py_RETURN_NONE;
     PyCodeObject *code = PyFrame_GetCode(back);  /* new reference */
+#if PY_VERSION_HEX >= 0x030B0000
+    int lasti = PyFrame_GetLasti(back);
+    if ((PyObject *)code == self->site_code && lasti == self->site_lasti && self->site) {
+        Py_DECREF(code);
+        Py_DECREF(back);
+        Py_INCREF(self->site);
+        return self->site;
+    }
+#else
+    int lasti = -1;
+#endif
     int line = PyFrame_GetLineNumber(back);
     PyObject *site = Py_BuildValue("(Oi)", code->co_filename, line);
-    Py_DECREF(code);
+    if (site && lasti >= 0) {
+        Py_XSETREF(self->site_code, (PyObject *)code);  /* takes the reference */
+        code = NULL;
+        self->site_lasti = lasti;
+        Py_INCREF(site);
+        Py_XSETREF(self->site, site);
+    }
+    Py_XDECREF(code);
     Py_DECREF(back);
     return site;
 }
@@ -498,7 +521,7 @@ static PyObject *entry_run(Entry *self, PyObject *x, PyObject *out, int site_fro
     if (self->device >= 0 && ((self->x_aligned && xp % 16) || (out != Py_None && op_ptr % 16)))
         Py_RETURN_NONE;  /* not the alignment the kernel was built for */
     if (site_from_frame) {  /* called by the public function itself: the user's line */
-        PyObject *site = call_site();
+        PyObject *site = call_site(self);
         if (!site) return NULL;
         if (PyList_GET_SIZE(self->caller) > 0) PyList_SetItem(self->caller, 0, site);
         else Py_DECREF(site);

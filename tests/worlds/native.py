@@ -4,6 +4,8 @@ rank makes while the other runs ahead through the C path raises on every rank.""
 
 from __future__ import annotations
 
+import sys
+
 import torch
 
 import commlab
@@ -55,19 +57,22 @@ def native_world(comm) -> dict:
 
     with checks.case("mismatch", "a mismatch behind a C-path call raises on every rank"):
         x = torch.arange(24, dtype=torch.float32)
-        commlab.all_reduce(x)
-        commlab.all_reduce(x)
-        msg, hits = "", _hits(comm)
+        for _ in range(3):  # the last one served through the dispatch, from this line
+            commlab.all_reduce(x)
+        msg, hits, site, line = "", _hits(comm), None, -1
         try:
             if rank == 1:
                 commlab.all_reduce(x, op="max")
             else:
+                line = sys._getframe().f_lineno + 1  # the line of the call below
                 commlab.all_reduce(x)  # runs ahead in C: the mismatch is not known yet
                 assert _hits(comm) == hits + 1, "the repeated call did not take the C path"
                 commlab.all_reduce(x)  # the C path sees the digest differ, hands over
         except commlab.RankMismatchError as e:
-            msg = str(e)
+            msg, site = str(e), getattr(e, "ran_ahead_at", None)
         same_error_everywhere(msg, rank, world)
+        if rank == 0:  # the line of the call that ran ahead, not of the calls before it
+            assert site is not None and site[0] == __file__ and site[1] == line, (site, line)
         texts["mismatch"] = msg
         out = commlab.all_reduce(x)
         assert torch.equal(out, x * world), out
