@@ -1,0 +1,51 @@
+"""bench/adapt_bench.py's judge on synthetic phases: the paired medians, their 90%
+intervals and how far the table's choice is from the best."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+_PATH = Path(__file__).resolve().parents[1] / "bench" / "adapt_bench.py"
+_spec = importlib.util.spec_from_file_location("adapt_bench", _PATH)
+adapt_bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(adapt_bench)
+
+
+def _phase(table: str, two_shot_us: float, rounds: int = 30, block: int = 20) -> dict:
+    """Every round: adaptive and one_shot calls 100 us (+-1% by call), two_shot's as
+    given, ring 100x; the adaptive held one_shot from its first call."""
+    n = rounds * block
+
+    def wobble(t: float, k: int) -> list[float]:
+        return [t * (1 + 0.01 * ((i * 7 + k) % 5 - 2) / 2) for i in range(k)]
+
+    return {"block": block, "ring_per_round": 1, "learning_calls": 100, "table": table,
+            "fixed_us": {"one_shot": 100.0, "two_shot": two_shot_us, "ring": 1e4},
+            "fixed_times_us": {"one_shot": wobble(100.0, n), "two_shot": wobble(two_shot_us, n),
+                               "ring": wobble(1e4, rounds)},
+            "fixed_waits": {"one_shot": [0] * n, "two_shot": [0] * n, "ring": [0] * rounds},
+            "adaptive_times_us": wobble(100.0, n), "adaptive_choice": ["one_shot"] * n,
+            "adaptive_ran": ["one_shot"] * n, "adaptive_waits": [0] * n}
+
+
+def test_a_table_wrong_by_half_is_beaten_by_ten_percent_within_a_tight_interval():
+    r = adapt_bench.judge(_phase("two_shot", 150.0))
+    assert r["goal_best"] and r["goal_table"] and r["table_wrong"]
+    assert r["table_excess"] == pytest.approx(0.5, abs=0.02)
+    lo, hi = r["paired_vs_best_90"]
+    assert lo <= r["paired_vs_best"] <= hi and hi - lo < 0.02
+    assert r["paired_vs_table_90"][0] <= r["paired_vs_table"] <= r["paired_vs_table_90"][1]
+    assert r["rounds_judged"] == 25  # the first 100 calls learn
+
+
+def test_a_table_wrong_by_less_than_ten_percent_cannot_be_beaten_by_ten():
+    r = adapt_bench.judge(_phase("two_shot", 105.0))
+    assert r["table_wrong"] and r["table_excess"] < 0.10 and not r["goal_table"]
+
+
+def test_a_right_table_is_not_judged_on_the_gain():
+    r = adapt_bench.judge(_phase("one_shot", 150.0))
+    assert not r["table_wrong"] and r["goal_table"] and r["table_excess"] == 0.0
