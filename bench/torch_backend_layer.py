@@ -1,6 +1,8 @@
 """The "commlab" backend's own host cost per dist.all_reduce, on one CPU rank, with
-commlab's collective replaced by a copy (so only torch's wrapper and the backend's
-dispatch are timed), against gloo's whole call on one rank.
+commlab's collective (the backend's runner ``_native.all_reduce_``) replaced by nothing
+(so only torch's wrapper and the backend's dispatch are timed), against gloo's whole
+call on one rank. ``bench/probes/torch_dist_floor.py --commlab`` times the same beside
+torch's own floor.
 
     COMMLAB_BACKEND=cpu .venv/bin/python bench/torch_backend_layer.py
 """
@@ -40,8 +42,8 @@ def main() -> None:
     dist.all_reduce(x)  # builds the Communicator
     gloo = dist.new_group(backend="gloo")
     pg, opts = dist.group.WORLD, dist.AllreduceOptions()
-    kernel = _native.all_reduce
-    _native.all_reduce = lambda t, op="sum", algorithm="auto": t.clone()  # output, no kernel
+    kernel = _native.all_reduce_
+    _native.all_reduce_ = lambda comm, t, name, algorithm="auto": None  # in place: no kernel
     try:
         rows = {
             "dist.all_reduce via commlab (no kernel)": per_call_us(lambda: dist.all_reduce(x)),
@@ -50,7 +52,7 @@ def main() -> None:
                 per_call_us(lambda: dist.all_reduce(x, group=gloo)),
         }
     finally:
-        _native.all_reduce = kernel
+        _native.all_reduce_ = kernel
     for k, v in rows.items():
         print(f"{k:<48} {v:7.1f} us")
     dist.destroy_process_group()
