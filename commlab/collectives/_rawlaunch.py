@@ -11,10 +11,11 @@ captures the stream.
 
 The layout comes from the kernel's own signature and is checked against what the loaded
 function says it takes (``cuFuncGetParamInfo``, CUDA 12.4 drivers and later): the count
-and every size must agree, the parameters past the signature's (Triton's scratch
-pointers) must be pointers, and their sizes must be zero. Anything else, a launch that
-needs attributes (clusters, cooperative grids, programmatic dependent launch), AMD, or
-no driver entry point, gives None and the plan keeps Triton's launcher.
+and every size must agree, and the parameters past the signature's (Triton's scratch
+pointers, unused by these kernels) must be pointers, passed as null. Anything else (a
+launch that needs attributes: clusters, cooperative grids, programmatic dependent
+launch; scratch; more than ``MAX_PARAMS`` parameters; AMD; no driver entry point) gives
+None and the plan keeps Triton's launcher.
 """
 
 from __future__ import annotations
