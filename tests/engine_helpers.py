@@ -44,5 +44,12 @@ def alive(pids) -> list[int]:
     return out
 
 
-def shm_leftovers() -> list[str]:
-    return sorted(n for n in os.listdir("/dev/shm") if n.startswith("commlab-"))
+def shm_leftovers(pids: list[int] | None = None) -> list[str]:
+    """commlab's shared-memory segments in /dev/shm; with ``pids``, only those these
+    processes made (a segment's name ends in ``-p<pid>``, ``runtime/_shm.py``): tests
+    running beside this one (pytest-xdist) have segments of their own."""
+    names = sorted(n for n in os.listdir("/dev/shm") if n.startswith("commlab-"))
+    if pids is None:
+        return names
+    own = {f"p{p}" for p in pids}
+    return [n for n in names if n.rsplit("-", 1)[-1] in own]

@@ -99,4 +99,4 @@ def test_resize_to_n_after_a_loss_rebuilds_the_world_at_that_size(ip):
 def test_stop_after_losses_leaves_no_process_and_no_shared_memory(ip):
     pids = current_world().pids()
     magic(ip, "dist_stop")
-    assert alive(pids) == [] and shm_leftovers() == []
+    assert alive(pids) == [] and shm_leftovers(pids) == []

@@ -78,7 +78,7 @@ def test_stop_leaves_no_process_and_no_shared_memory(ip):
     assert len(alive(pids)) > 3  # two engines, the controller and its schedulers
     magic(ip, "dist_stop")
     assert alive(pids) == []
-    assert shm_leftovers() == []
+    assert shm_leftovers(pids) == []
 
 
 def test_workers_exit_when_the_notebook_kernel_dies(tmp_path):
@@ -98,7 +98,7 @@ def test_workers_exit_when_the_notebook_kernel_dies(tmp_path):
     while alive(pids) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert alive(pids) == [], "orphaned engines or controller stayed alive"
-    assert shm_leftovers() == []
+    assert shm_leftovers(pids) == []
 
 
 def test_restart_before_any_start_says_how_to_start():
