@@ -224,6 +224,6 @@ def _entry(comm, plan, host_launch):
                       *tracing, launches, plan.book, tail)
     raw = _rawlaunch.spec(plan.compiled, plan.grid, plan.ints)
     if raw is not None:  # one cuLaunchKernel per call instead of Triton's launcher
-        function, grid, block, shared, _sizes, values, driver = raw
-        entry.set_raw(function, grid, block, shared, values, driver, plan.compiled)
+        entry.set_raw(raw.function, raw.grid, raw.block, raw.shared, raw.values, raw.driver,
+                      plan.compiled)
     return entry

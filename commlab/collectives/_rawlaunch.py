@@ -21,6 +21,7 @@ None and the plan keeps Triton's launcher.
 from __future__ import annotations
 
 import ctypes
+from typing import NamedTuple
 
 import torch
 
@@ -30,6 +31,21 @@ BUILT = {"raw": 0, "declined": 0}  # specs made and refused (tests, bench)
 _SIZES = {"i1": 4, "i8": 1, "i16": 2, "i32": 4, "i64": 8, "u1": 4, "u8": 1, "u16": 2,
           "u32": 4, "u64": 8, "fp16": 4, "bf16": 4, "fp32": 4, "f32": 4, "fp64": 8}
 _DRIVER: list = []  # [dict of entry points, or None] once looked up
+# what Entry.set_raw calls, in its order
+_ENTRY_POINTS = ("cuLaunchKernel", "cuCtxGetCurrent", "cuGetErrorString", "cuStreamIsCapturing")
+
+
+class Spec(NamedTuple):
+    """A kernel's launch as ``Entry.set_raw`` takes it; ``sizes`` (each parameter's
+    bytes, as the loaded function reports them) is what the layout was checked against."""
+
+    function: int
+    grid: tuple
+    block: int
+    shared: int
+    sizes: bytes
+    values: tuple  # each parameter's 64-bit pattern, (x, out) first as zeros
+    driver: tuple  # the addresses of _ENTRY_POINTS
 
 
 def driver() -> dict | None:
@@ -40,8 +56,7 @@ def driver() -> dict | None:
     found: dict | None = None
     try:
         lib = ctypes.CDLL("libcuda.so.1")
-        names = ("cuLaunchKernel", "cuCtxGetCurrent", "cuGetErrorString", "cuStreamIsCapturing")
-        found = {n: ctypes.cast(getattr(lib, n), ctypes.c_void_p).value for n in names}
+        found = {n: ctypes.cast(getattr(lib, n), ctypes.c_void_p).value for n in _ENTRY_POINTS}
         info = lib.cuFuncGetParamInfo  # CUDA 12.4 drivers and later
         info.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t),
                          ctypes.POINTER(ctypes.c_size_t)]
@@ -85,8 +100,7 @@ def layout(signature: dict, values: tuple) -> list[tuple[int, int]] | None:
         elif ty in ("fp16", "bf16", "fp32", "f32", "fp64"):
             if not isinstance(v, (int, float)):
                 return None
-            fmt = "d" if ty == "fp64" else "f"
-            raw = ctypes.c_double(v) if fmt == "d" else ctypes.c_float(v)
+            raw = ctypes.c_double(v) if ty == "fp64" else ctypes.c_float(v)
             out.append((_SIZES[ty], int.from_bytes(bytes(raw).ljust(8, b"\0"), "little")))
         elif ty in _SIZES:
             if not isinstance(v, int):
@@ -98,16 +112,15 @@ def layout(signature: dict, values: tuple) -> list[tuple[int, int]] | None:
     return out
 
 
-def spec(compiled, grid: tuple, ints: tuple) -> tuple | None:
-    """(function, grid, block, shared, sizes, values, driver addresses) for
-    ``Entry.set_raw``: the kernel's parameters with (x, out) first as zeros; None when
-    this kernel must keep Triton's launcher."""
+def spec(compiled, grid: tuple, ints: tuple) -> Spec | None:
+    """The launch of ``compiled`` on ``grid`` with the plan's ``ints`` after (x, out);
+    None when this kernel must keep Triton's launcher."""
     params = _spec(compiled, grid, ints)
     BUILT["raw" if params is not None else "declined"] += 1
     return params
 
 
-def _spec(compiled, grid: tuple, ints: tuple) -> tuple | None:
+def _spec(compiled, grid: tuple, ints: tuple) -> Spec | None:
     if not ALLOW[0] or torch.version.hip is not None:
         return None
     drv = driver()
@@ -135,7 +148,6 @@ def _spec(compiled, grid: tuple, ints: tuple) -> tuple | None:
     if len(params) > MAX_PARAMS or min(gx, gy, gz) < 1:
         return None
     block = 32 * int(meta.num_warps)
-    return (int(function), (gx, gy, gz), block, int(meta.shared),
-            bytes(s for s, _ in params), tuple(v for _, v in params),
-            tuple(drv[n] for n in ("cuLaunchKernel", "cuCtxGetCurrent", "cuGetErrorString",
-                                   "cuStreamIsCapturing")))
+    return Spec(int(function), (gx, gy, gz), block, int(meta.shared),
+                bytes(s for s, _ in params), tuple(v for _, v in params),
+            tuple(drv[n] for n in _ENTRY_POINTS))
