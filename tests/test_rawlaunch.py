@@ -77,3 +77,10 @@ def test_launches_that_need_attributes_keep_tritons_launcher(driver, meta):
 def test_no_driver_means_no_spec(monkeypatch):
     monkeypatch.setattr(_rawlaunch, "_DRIVER", [None])
     assert _rawlaunch.spec(_compiled(), (1, 1, 1), (7, 2.0, 0, 5, False, 1024)) is None
+
+
+def test_more_parameters_than_the_entry_lays_out_keep_tritons_launcher(driver):
+    many = {f"p{i}": "i32" for i in range(70)}
+    driver["now"] = [8, 8] + [4] * 70
+    assert _rawlaunch.spec(_compiled({"x": "*fp32", "o": "*fp32", **many}), (1, 1, 1),
+                           tuple(range(70))) is None

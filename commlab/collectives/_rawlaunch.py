@@ -23,6 +23,7 @@ import ctypes
 
 import torch
 
+MAX_PARAMS = 64  # what the C entry lays out (RAW_MAX in runtime/_fastcall.c)
 ALLOW = [True]  # False: never build a spec (the GPU check compares both launchers)
 BUILT = {"raw": 0, "declined": 0}  # specs made and refused (tests, bench)
 _SIZES = {"i1": 4, "i8": 1, "i16": 2, "i32": 4, "i64": 8, "u1": 4, "u8": 1, "u16": 2,
@@ -130,6 +131,8 @@ def _spec(compiled, grid: tuple, ints: tuple) -> tuple | None:
         return None
     params += [(8, 0)] * (len(sizes) - len(params))  # Triton's scratch pointers: none
     gx, gy, gz = (int(g) for g in grid)
+    if len(params) > MAX_PARAMS or min(gx, gy, gz) < 1:
+        return None
     block = 32 * int(meta.num_warps)
     return (int(function), (gx, gy, gz), block, int(meta.shared),
             bytes(s for s, _ in params), tuple(v for _, v in params),
