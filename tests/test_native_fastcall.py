@@ -173,9 +173,16 @@ _RAW_BRANCH = _ENTRY + textwrap.dedent("""
     assert entry(x).data_ptr() != p, "an output reused while torch said capturing"
     flags["capturing"], state["capture_rc"] = False, 0
     assert entry(x).data_ptr() == p, "a dropped output was not handed out again"
+    entry.set_capture_choice(True)  # "auto" choosing afresh in a capture: the driver asked
+    state["capturing"] = 1
+    n = len(raw)
+    assert entry(x) is None and len(raw) == n, "a capture_choice call ran inside a capture"
+    state["capturing"] = 0
+    assert entry(x) is not None and len(raw) == n + 1
+    entry.set_capture_choice(False)
     state["ctx"] = None  # no CUDA context on this thread: Triton's launcher makes one
     entry(x)
-    assert len(calls) == 1 and len(raw) == 4, (calls, raw)
+    assert len(calls) == 1 and len(raw) == 5, (calls, raw)
     state["ctx"], state["rc"] = 1, 700
     try:
         entry(x)
@@ -201,4 +208,4 @@ def test_our_own_launch_passes_the_parameter_block_and_falls_back_without_a_cont
     # the C entry's cuLaunchKernel branch with recording driver functions (ctypes) on CPU
     # tensors: grid, block, shared memory, stream, every parameter; no context on the
     # thread: Triton's launcher; a failed launch: the driver's own words
-    assert "raw 4" in _run_script(_RAW_BRANCH)
+    assert "raw 5" in _run_script(_RAW_BRANCH)

@@ -506,9 +506,20 @@ static PyObject *entry_run(Entry *self, PyObject *x, PyObject *out, int site_fro
         t = truth_of_call(self->hooked);
         if (t != 0) { if (t < 0) return NULL; Py_RETURN_NONE; }
     }
+    long long stream = 0;  /* the raw current stream (GPU): read first, it changes nothing */
+    if (self->device >= 0) {
+        PyObject *dev = PyLong_FromLong(self->device);
+        if (!dev) return NULL;
+        PyObject *s = PyObject_CallOneArg(self->raw_stream, dev);
+        Py_DECREF(dev);
+        if (!s) return NULL;
+        stream = PyLong_AsLongLong(s);
+        Py_DECREF(s);
+        if (stream == -1 && PyErr_Occurred()) return NULL;
+    }
     int capture = -2;  /* whether a CUDA graph captures this stream: asked once, when needed */
     if (self->capture_choice && self->device >= 0) {
-        capture = truth_of_call(self->capturing);
+        capture = capturing(self, stream);
         if (capture != 0) { if (capture < 0) return NULL; Py_RETURN_NONE; }
     }
     long long xp = TENSOR_LL(x, data_ptr);
@@ -529,30 +540,20 @@ static PyObject *entry_run(Entry *self, PyObject *x, PyObject *out, int site_fro
     int ran = agree_ahead(self);
     if (ran <= 0) { if (ran < 0) return NULL; Py_RETURN_NONE; }
     /* committed: this call is published and must launch (an error now is the caller's) */
-    long long stream = 0;
-    PyObject *dev = NULL;
-    if (self->device >= 0) {
-        dev = PyLong_FromLong(self->device);
-        if (!dev) return NULL;
-        PyObject *s = PyObject_CallOneArg(self->raw_stream, dev);
-        if (!s) { Py_DECREF(dev); return NULL; }
-        stream = PyLong_AsLongLong(s);
-        Py_DECREF(s);
-    }
     if (out == Py_None) {
         if (self->device < 0) capture = 0;
         else if (capture == -2) {
             capture = capturing(self, stream);
-            if (capture < 0) { Py_XDECREF(dev); return NULL; }
+            if (capture < 0) return NULL;
         }
         int reuse = PyList_GET_SIZE(self->reuse) > 0 && PyObject_IsTrue(PyList_GET_ITEM(self->reuse, 0)) == 1;
         out = (!capture && reuse) ? reusable(self, stream) : NULL;
         if (!out) {
             out = PyObject_CallFunction(self->take, "OLO", x, stream, capture ? Py_True : Py_False);
-            if (!out) { Py_XDECREF(dev); return NULL; }
+            if (!out) return NULL;
         }
         op_ptr = TENSOR_LL(out, data_ptr);
-        if (op_ptr == -1 && PyErr_Occurred()) { Py_XDECREF(dev); Py_DECREF(out); return NULL; }
+        if (op_ptr == -1 && PyErr_Occurred()) { Py_DECREF(out); return NULL; }
     } else {
         Py_INCREF(out);
     }
@@ -568,7 +569,7 @@ static PyObject *entry_run(Entry *self, PyObject *x, PyObject *out, int site_fro
         Py_ssize_t nb = PyTuple_GET_SIZE(self->before), nm = PyTuple_GET_SIZE(self->middle);
         Py_ssize_t ni = PyTuple_GET_SIZE(self->ints), na = PyTuple_GET_SIZE(self->after);
         PyObject *a = PyTuple_New(nb + 1 + nm + 2 + ni + na);
-        if (!a) { Py_DECREF(dev); Py_DECREF(out); return NULL; }
+        if (!a) { Py_DECREF(out); return NULL; }
         Py_ssize_t j = 0;
         for (Py_ssize_t i = 0; i < nb; i++, j++) {
             PyObject *v = PyTuple_GET_ITEM(self->before, i); Py_INCREF(v); PyTuple_SET_ITEM(a, j, v);
@@ -588,7 +589,6 @@ static PyObject *entry_run(Entry *self, PyObject *x, PyObject *out, int site_fro
         r = PyObject_Call(self->launch, a, NULL);
         Py_DECREF(a);
     }
-    Py_XDECREF(dev);
     if (!r) { Py_DECREF(out); return NULL; }
     Py_DECREF(r);
     if (self->device >= 0) {  /* the kernel opens one call record (records.LAUNCHES) */
