@@ -121,7 +121,7 @@ def _time_calls(comm, x, algorithm: str, n: int, cuda: bool) -> tuple[list[float
 
 def _rank(comm, phases, fixed: int, calls: int, block: int, backend: str):
     import commlab
-    from commlab.collectives import _adapt, _select
+    from commlab.collectives import _adapt, _adapt_rules, _select
     from commlab.runtime import records
 
     cuda = backend == "cuda"
@@ -176,7 +176,7 @@ def _rank(comm, phases, fixed: int, calls: int, block: int, backend: str):
                     "fixed_us": {a: statistics.median(v) for a, v in fixed_t.items()},
                     "fixed_times_us": fixed_t, "fixed_waits": {a: [w for _, w in v] for a, v
                                                                in fixed_ran.items()},
-                    "learning_calls": 2 * _adapt.PERIOD if new_key else 0,
+                    "learning_calls": 2 * _adapt_rules.PERIOD if new_key else 0,
                     "block": block, "ring_per_round": fixed,
                     "table": table, "adaptive_times_us": times, "adaptive_choice": chosen,
                     "adaptive_ran": [a for a, _ in ran], "adaptive_waits": [w for _, w in ran],

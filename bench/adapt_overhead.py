@@ -58,7 +58,7 @@ def _block(comm, x, algorithm: str, n: int, key) -> list[tuple[float, int, str]]
 def _rank(comm, sizes, algorithm: str, rounds: int, block: int, fixed_block: int,
           profile: bool, hold: bool):
     import commlab
-    from commlab.collectives import _adapt, _select
+    from commlab.collectives import _adapt, _adapt_rules, _select
 
     _select.use_tuning(lambda c, op, dtype, nbytes: algorithm if op == "all_reduce" else None)
     # CPU time (process_time): on an oversubscribed box wall time lands in whatever
@@ -66,15 +66,15 @@ def _rank(comm, sizes, algorithm: str, rounds: int, block: int, fixed_block: int
     prof = ({m: cProfile.Profile(time.process_time) for m in ("fixed", "auto")}
             if profile and comm.rank == 0 else {})
     res = []
-    period = _adapt.PERIOD
+    period = _adapt_rules.PERIOD
     for nbytes in sizes:
-        _adapt.PERIOD = period
+        _adapt_rules.PERIOD = period
         x = torch.ones(nbytes // 4, dtype=torch.float32, device=comm.device)
         key = _adapt.key_for(comm, "all_reduce", x)
         _block(comm, x, algorithm, 3, key)  # compile, leave the plan
         _block(comm, x, "auto", 2 * period + 10, key)  # its learning periods over
         if hold:  # no decision, exploration or burst from here on: the pick alone
-            _adapt.PERIOD = 1 << 40
+            _adapt_rules.PERIOD = 1 << 40
         calls: dict[str, list] = {"fixed": [], "auto": []}
         pairs = []
         load0 = os.getloadavg()[0]

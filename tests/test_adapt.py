@@ -119,10 +119,10 @@ def test_tune_restarts_online_selection_from_the_new_tables_choice(world):
 def _slow_one_shot_reader(comm, n_calls, delay):
     import sys
 
-    from commlab.collectives import _adapt, _cpu_all_reduce, _select
+    from commlab.collectives import _adapt, _adapt_rules, _cpu_all_reduce, _select
 
     _select.use_tuning(lambda c, op, dtype, nbytes: "two_shot" if op == "all_reduce" else None)
-    _adapt.HOPELESS = float("inf")  # one-shot, made slow below, stays a contender
+    _adapt_rules.HOPELESS = float("inf")  # one-shot, made slow below, stays a contender
     if comm.rank == 1:  # rank 1 reads its one-shot inboxes late (only one-shot's reads)
         reduce_into = _cpu_all_reduce.reduce_into
 
@@ -171,7 +171,7 @@ def _held(comm, n_calls):
         ran.append(_adapt._state(comm)[key].last)
         assert float(y[1]) == 3.0
     commlab.synchronize()
-    return ran, waits, _adapt._state(comm)[key].calls
+    return ran, waits, _adapt.state(comm)[key]["calls"]
 
 
 def test_an_auto_call_waits_for_the_other_ranks_only_where_its_algorithm_changes(world):
@@ -300,22 +300,22 @@ def test_arrival_spans_export_as_a_perfetto_trace_with_wait_and_comm_categories(
 
 
 def test_a_hopeless_algorithm_is_explored_only_within_the_time_budget():
-    from commlab.collectives import _adapt
+    from commlab.collectives import _adapt_rules
 
-    k = _adapt._Key(("one_shot", "two_shot", "ring"), "one_shot", "one_shot", tag=1)
+    k = _adapt_rules.Key(("one_shot", "two_shot", "ring"), "one_shot", "one_shot", tag=1)
     k.ratio = {"one_shot": 1.0, "two_shot": 1.5, "ring": 100.0}
     picked = []
     for period in range(3, 600):  # the key's decisions from call 150 to 30,000
-        k.calls = period * _adapt.PERIOD
-        a = _adapt._explore(k, "one_shot")
-        k.explored += _adapt.RUN if a else 0
+        k.calls = period * _adapt_rules.PERIOD
+        a = _adapt_rules.contender(k, "one_shot")
+        k.explored += _adapt_rules.RUN if a else 0
         picked.append(a)
     runs = [a for a in picked if a]
-    assert k.explored <= _adapt.EXPLORE * (k.calls + _adapt.PERIOD // 2)  # 2% of calls
+    assert k.explored <= _adapt_rules.EXPLORE * (k.calls + _adapt_rules.PERIOD // 2)  # 2% of calls
     assert runs.count("two_shot") > 50
     # ring's run costs 3 x 99 one-shot calls: within 2% of 30,000 calls, once or twice
     assert 1 <= runs.count("ring") <= 2, runs.count("ring")
-    assert k.excess <= _adapt.EXPLORE * k.calls
+    assert k.excess <= _adapt_rules.EXPLORE * k.calls
 
 
 def test_rank_zeros_decision_word_round_trips():
@@ -331,10 +331,10 @@ def test_rank_zeros_decision_word_round_trips():
 def test_a_wrong_tables_choice_is_left_right_after_the_probe_not_at_the_periods_end():
     from collections import deque
 
-    from commlab.collectives import _adapt
+    from commlab.collectives import _adapt_rules
 
     def probed(ring_ns):
-        k = _adapt._Key(("one_shot", "two_shot", "ring"), "ring", "ring", tag=1)
+        k = _adapt_rules.Key(("one_shot", "two_shot", "ring"), "ring", "ring", tag=1)
         k.calls = len(k.algorithms) + 1  # the call after the probe: rank 0's first decision
         for i, (a, ns) in enumerate((("one_shot", 900_000), ("two_shot", 3_000_000),
                                      ("ring", ring_ns))):
@@ -342,9 +342,39 @@ def test_a_wrong_tables_choice_is_left_right_after_the_probe_not_at_the_periods_
         return k
 
     k = probed(40_000_000)  # ring's one call took 44x one-shot's
-    assert _adapt._after_probe(k)[:2] == ("one_shot", False)
+    assert _adapt_rules.after_probe(k)[:2] == ("one_shot", False)
     # two-shot's one call was 3.3x one-shot's: a rough guide, so the burst still measures it
-    k.current, k.calls = "one_shot", _adapt.PERIOD
-    assert _adapt._burst(k, "one_shot") == ("one_shot", "two_shot")
+    k.current, k.calls = "one_shot", _adapt_rules.PERIOD
+    assert _adapt_rules.burst_for(k, "one_shot") == ("one_shot", "two_shot")
     # ring only 3x slower than the best probed: no switch on one call each
-    assert _adapt._after_probe(probed(2_700_000)) == ("ring", False, "")
+    assert _adapt_rules.after_probe(probed(2_700_000)) == ("ring", False, "")
+
+
+def test_the_c_dispatchs_budget_ends_where_the_next_pick_would_not_run_current():
+    # _quiet grants the C dispatch calls after a pick that _next would give the current
+    # algorithm with no decision pending: every schedule (the probe, a burst, a steady
+    # exploration, plain periods) is stepped call by call and compared.
+    import copy
+    from types import SimpleNamespace
+
+    from commlab.collectives import _adapt, _adapt_rules
+
+    comm = SimpleNamespace(rank=1, control=SimpleNamespace(seq=0))  # a peer: never decides
+    algs = ("one_shot", "two_shot", "ring")
+    plans = [dict(burst=algs, per=1), dict(burst=("one_shot", "two_shot")), dict(explore="ring"),
+             dict(explore="two_shot", burst=("one_shot",)), dict()]
+    checked = 0
+    for plan in plans:
+        for calls in range(0, 3 * _adapt_rules.PERIOD):
+            k = _adapt_rules.Key(algs, "one_shot", "one_shot", tag=1, calls=calls, **plan)
+            granted = _adapt._quiet(k)
+            sim, note, quiet = copy.deepcopy(k), _adapt._Note(0), 0
+            while (_adapt._next(comm, note, (), sim) == sim.current and note.pending is None
+                   and quiet < 2 * _adapt_rules.PERIOD):
+                quiet += 1
+            # never a call Python would run otherwise; all of them outside a burst (whose
+            # slots go to Python even where they name the current algorithm)
+            assert granted <= quiet, (plan, calls, granted, quiet)
+            assert granted == quiet or "burst" in plan, (plan, calls, granted, quiet)
+            checked += granted > 0
+    assert checked > 300  # most of those states grant calls

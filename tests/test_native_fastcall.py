@@ -32,7 +32,7 @@ def results():
     return run_world(native_world, 2, timeout=180, env={"COMMLAB_TIMEOUT": "30"})
 
 
-@pytest.mark.parametrize("section", ["served", "held", "reuse", "mismatch", "inplace"])
+@pytest.mark.parametrize("section", ["served", "held", "reuse", "mismatch", "online", "inplace"])
 def test_repeated_calls_in_c(results, section):
     assert_checks(results, section)
 
@@ -65,6 +65,44 @@ def test_without_the_c_path_calls_take_the_python_plan(tmp_path, env, entries, w
     assert done.returncode == 0, done.stderr[-2000:]
     assert f"entries {entries}" in done.stdout
     assert ("the C fast path for repeated calls is off" in done.stderr) == warned, done.stderr
+
+
+_BUDGET = textwrap.dedent("""
+    import torch, commlab
+    from commlab.runtime import _native
+    comm = commlab.init(backend="cpu")
+    x = torch.ones(8)
+    for _ in range(2):
+        commlab.all_reduce(x, algorithm="one_shot")
+    entry = next(p.entry for p in comm.plans.values() if p.entry is not None)
+    mod = _native.module()
+    d, b, h0 = mod.Dispatch(), mod.Budget(), entry.hits
+    d.remember((x,), {"algorithm": "auto"}, entry, b)
+    call = lambda: d((x,), {"algorithm": "auto"})
+    assert call() is None and entry.hits == h0, "served with no calls granted"
+    b.left = 2
+    assert call() is not None and call() is not None and call() is None
+    assert (b.left, b.used, entry.hits - h0) == (0, 2, 2), (b.left, b.used, entry.hits)
+    assert b.take() == 2 and (b.left, b.used) == (0, 0)
+    b.left = 5
+    d.remember((x,), {"algorithm": "auto"}, entry)  # the same form again: replaced, no budget
+    for _ in range(7):
+        assert call() is not None
+    assert (b.left, b.used, entry.hits - h0) == (5, 0, 9), (b.left, b.used, entry.hits)
+    try:
+        d.remember((x,), {}, entry, 3)
+    except TypeError as e:
+        print("refused:", e)
+    commlab.finalize()
+    print("budget ok")
+""")
+
+
+def test_a_budgeted_call_form_is_served_only_for_the_calls_granted():
+    # online selection's call forms: the Dispatch serves what the Budget grants, counts
+    # them for Python, and a form remembered again replaces its slot
+    out = _run_script(_BUDGET)
+    assert "budget ok" in out and "refused: remember: budget must be a Budget or None" in out
 
 
 def _run_script(script: str) -> str:

@@ -7,7 +7,7 @@ between calls of one algorithm; two-shot's inbox A overlaps one-shot's even-call
 and a host agreement does not order two ranks' kernels on the device.
 
 1. adaptive: COMMLAB_ADAPT=1, a table that says two-shot, exploration every 6th call
-   (``_adapt.PERIOD`` = 6, one call per algorithm in a burst, no exploration budget),
+   (``_adapt_rules.PERIOD`` = 6, one call per algorithm in a burst, no exploration budget),
    1200 eager all_reduce calls
    each of 1024 and 65536 fp32 elements; every result checked. PASS: none wrong (an
    algorithm change waits for every rank and meets on the device first: ``_adapt.fence``).
@@ -39,12 +39,12 @@ SIZES = (1024, 65536)
 
 def _adaptive(comm, calls):
     import commlab
-    from commlab.collectives import _adapt, _select
+    from commlab.collectives import _adapt, _adapt_rules, _select
     from commlab.runtime import records
 
     _select.use_tuning(lambda c, op, dtype, nbytes: "two_shot" if op == "all_reduce" else None)
     # explore often, budget off: many algorithm changes (each one fenced)
-    _adapt.PERIOD, _adapt.BURST, _adapt.EXPLORE = 6, 1, 1.0
+    _adapt_rules.PERIOD, _adapt_rules.BURST, _adapt_rules.EXPLORE = 6, 1, 1.0
     out = {}
     for n in SIZES:
         x = torch.arange(n, dtype=torch.float32, device=comm.device) * (comm.rank + 1)
@@ -83,7 +83,7 @@ def _held(comm, calls):
     import statistics
 
     import commlab
-    from commlab.collectives import _adapt, _select
+    from commlab.collectives import _adapt, _adapt_rules, _select
 
     _select.use_tuning(lambda c, op, dtype, nbytes: "one_shot" if op == "all_reduce" else None)
     ctl, block = comm.control, 40
@@ -91,7 +91,7 @@ def _held(comm, calls):
     for n in SIZES:
         x = torch.ones(n, dtype=torch.float32, device=comm.device)
         key = _adapt.key_for(comm, "all_reduce", x)
-        for _ in range(2 * _adapt.PERIOD + 10):  # the key's learning periods (probe, burst)
+        for _ in range(2 * _adapt_rules.PERIOD + 10):  # the key's learning periods (probe, burst)
             commlab.all_reduce(x)
         times: dict = {"auto": [], "one_shot": []}
         unexplained = 0

@@ -36,6 +36,13 @@ that key decides a period later; NOTES words let keys called in turn decide on
 neighbouring calls). So every rank runs the same algorithm on every call, and a key
 that holds its algorithm makes no waiting call beyond what the same fixed one makes.
 
+Between picks the C dispatch serves the calls (``runtime/_fastcall.c``): a pick that
+runs `current` again, with no decision pending, grants the key's ``Budget`` the calls up
+to the next decision, burst or exploration (``_quiet``; the schedule is the same on every
+rank), and the next pick counts what it served. So a key that holds its algorithm costs
+what the fixed algorithm costs, bar one Python pick per stretch. Constants, the key's
+state and rank 0's judgement live in ``_adapt_rules``.
+
 The picked algorithm is agreed as its own signature field ("online"): the kernels' "no
 trailing barrier" arguments hold between calls of one algorithm only, so a call that
 runs another algorithm than the previous one must not run ahead as its repeat (it waits;
@@ -51,50 +58,18 @@ import statistics
 import sys
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from commlab import _config
+from commlab.collectives import _adapt_rules as _rules
 from commlab.collectives._select import choose
+from commlab.runtime import _native
 from commlab.runtime import records as _records
 from commlab.runtime._control import NOTES, ControlBlock
 
-PERIOD = 50  # calls between decisions
-# calls after a new key's probe at which rank 0 may leave `current`: a peer may still be
-# finishing the probe's last call (its record incomplete) at the first
-PROBE_DECISIONS = (1, 3, 6)
-BURST = 4  # calls per algorithm in a burst period
-RUN = 3  # calls of one contender per steady exploration (enough for a median)
-WINDOW = 9  # samples per algorithm in a median
-SWITCH = 0.05  # another algorithm this much faster (median) takes over
-DRIFT = 0.20  # the current algorithm's median moving this much starts a burst
-HOPELESS = 2.0  # slower than the current by this factor: explored on the time budget
-EXPLORE = 0.02  # exploring calls per call (a key's first period aside); also the
-#                 time budget of HOPELESS algorithms, in calls of the current one
 _FROZEN: set = set()  # keys whose capture freeze was reported
-
-
-@dataclass
-class _Key:
-    algorithms: tuple[str, ...]
-    current: str
-    table: str
-    tag: int  # this key's number on this communicator (the note's tag)
-    calls: int = 0
-    burst: tuple[str, ...] = ()  # the algorithms this period's burst measures
-    per: int = BURST  # calls per algorithm in it (a new key's probe: 1)
-    explore: str = ""  # the contender this period's steady run measures
-    last: str = ""  # the algorithm the key's previous call ran
-    explored: int = 0  # calls that ran another algorithm than `current` (first period aside)
-    decided: int = 0  # rank 0's decisions taken (the others were skipped)
-    # rank 0 only: measurements and what they led to
-    samples: dict = field(default_factory=dict)  # algorithm -> deque of (call, record, wire ns)
-    ratio: dict = field(default_factory=dict)  # algorithm -> last median / current's
-    chosen_median: float = 0.0  # the current algorithm's median when it was chosen
-    excess: float = 0.0  # HOPELESS explorations' time over `current`, in its calls
-    rounds: int = 0  # steady explorations scheduled (which contender is next)
-    deferred: bool = False  # a drift's burst waits until the budget allows it
-    history: list = field(default_factory=list)  # (call, algorithm, why) decisions
 
 
 @dataclass
@@ -154,27 +129,42 @@ def key_for(comm, op: str, x: torch.Tensor) -> tuple:
     return (op, max(nbytes, 1).bit_length(), name, comm.world_size, comm.generation)
 
 
-def pick(comm, op: str, x, algorithms: tuple[str, ...]) -> tuple[str | None, bool]:
+def pick(comm, op: str, x, algorithms: tuple[str, ...]) -> tuple[str | None, bool, Any]:
     """The algorithm this ``auto`` call runs, or None (not adapted: the usual choice),
-    and whether it differs from the one the key's previous call ran (``fence``)."""
+    whether it differs from the one the key's previous call ran (``fence``), and the
+    key's budget (a ``_fastcall.Budget`` granting the C dispatch the calls after this
+    one that run the same algorithm with nothing to decide; None: no C dispatch)."""
     if len(algorithms) < 2 or not isinstance(x, torch.Tensor) or x.numel() == 0 or not on(comm):
-        return None, False
+        return None, False, None
     capturing = comm.backend == "cuda" and torch.cuda.is_current_stream_capturing()
     key = key_for(comm, op, x)
     k = _state(comm).get(key)
+    if k is not None and k.budget is not None:  # the calls the C dispatch served since
+        k.calls += k.budget.take()
     if capturing:  # a capture replays later, between calls it cannot see
-        return _frozen(key, k), False
+        return _frozen(key, k), False, None
     if k is None:
         k = _new_key(comm, key, op, x, algorithms)
         if k is None:
-            return None, False
+            return None, False, None
     note = _note(comm)
     if note.pending is not None:
         pending, note.pending = note.pending, None
         _take(comm, note, *pending)
     alg = _next(comm, note, key, k)
     changed, k.last = bool(k.last) and alg != k.last, alg
-    return alg, changed
+    if k.budget is not None and alg == k.current and not changed and note.pending is None:
+        k.budget.left = _quiet(k)
+    return alg, changed, k.budget
+
+
+def reset(comm) -> None:
+    """Forget every key (``tune()``: start again from the new table's choices); the C
+    dispatch serves none of their calls any more."""
+    for k in _state(comm).values():
+        if k.budget is not None:
+            k.budget.take()
+    comm.adapt = {}
 
 
 def fence(comm) -> None:
@@ -190,35 +180,56 @@ def fence(comm) -> None:
         barrier_kernel[(1,)](comm.context)
 
 
-def _new_key(comm, key: tuple, op: str, x, algorithms: tuple[str, ...]) -> _Key | None:
+def _new_key(comm, key: tuple, op: str, x, algorithms: tuple[str, ...]) -> _rules.Key | None:
     algs = tuple(a for a in algorithms if a != "copy_engine")  # chosen only in captures
     table = choose(comm, op, x.dtype, x.numel() * x.element_size(), algorithms)
     if not 2 <= len(algs) <= 7 or table not in algs:  # the note holds 7 algorithms
         return None
     note = _note(comm)
     note.tags += 1
-    k = _state(comm)[key] = _Key(algs, table, table, note.tags, burst=algs, per=1)
+    k = _state(comm)[key] = _rules.Key(algs, table, table, note.tags, burst=algs, per=1,
+                                 budget=_native.budget())
     return k
 
 
-def _next(comm, note: _Note, key: tuple, k: _Key) -> str:
+def _next(comm, note: _Note, key: tuple, k: _rules.Key) -> str:
     """Count the call, pick its algorithm from the period's plan; rank 0 decides at the
     period's end (taken by every rank at its next pick)."""
     k.calls += 1
-    slot = k.calls % PERIOD
+    slot = k.calls % _rules.PERIOD
     alg = k.current
-    if slot == 0 or k.calls - len(k.algorithms) in PROBE_DECISIONS:  # a period's end, the probe's
+    if slot == 0 or k.calls - len(k.algorithms) in _rules.PROBE_DECISIONS:  # a period's end, the probe's
         word = note.decisions % NOTES
         note.decisions += 1
         note.pending = (comm.control.seq + 1, key, k.calls, word,
                         _decide(comm, note, k, word) if comm.rank == 0 else None)
     elif k.burst and slot <= k.per * len(k.burst):
         alg = k.burst[(slot - 1) // k.per]
-    elif k.explore and PERIOD // 2 <= slot < PERIOD // 2 + RUN:
+    elif k.explore and _rules.explore_slots()[0] <= slot <= _rules.explore_slots()[1]:
         alg = k.explore
-    if alg != k.current and k.calls > 2 * PERIOD:  # the first two periods learn
+    if alg != k.current and k.calls > 2 * _rules.PERIOD:  # the first two periods learn
         k.explored += 1
     return alg
+
+
+def _quiet(k: _rules.Key) -> int:
+    """How many calls after the key's last one ``_next`` would give `current` without a
+    decision, a burst or an exploration (the same on every rank): the C dispatch may
+    serve them without asking Python."""
+    c = k.calls
+    base = c - c % _rules.PERIOD
+    end = base + _rules.PERIOD  # the period's decision
+    for p in _rules.PROBE_DECISIONS:
+        if c < len(k.algorithms) + p < end:
+            end = len(k.algorithms) + p
+            break
+    spans = [(1, k.per * len(k.burst))] if k.burst else []
+    if k.explore:
+        spans.append(_rules.explore_slots())
+    for lo, hi in spans:  # the first call of a span still ahead
+        if base + hi > c:
+            end = min(end, max(base + lo, c + 1))
+    return end - c - 1
 
 
 # --- the note: rank 0's decision, taken one pick later --------------------------------
@@ -241,11 +252,11 @@ def _take(comm, note: _Note, seq: int, key: tuple, call: int, word: int,
                         tuple(a for i, a in enumerate(k.algorithms) if burst >> i & 1))
     if k is not None:
         k.current, k.explore, k.burst = decision or (k.current, "", ())
-        k.per = BURST
+        k.per = _rules.BURST
         k.decided += decision is not None
 
 
-def _decide(comm, note: _Note, k: _Key, word: int) -> tuple | None:
+def _decide(comm, note: _Note, k: _rules.Key, word: int) -> tuple | None:
     """Rank 0: the next period's plan (current, explore, burst), written in note word
     ``word`` (None: a peer has not read what it holds yet; decide at the next period)."""
     ctl = comm.control
@@ -253,11 +264,11 @@ def _decide(comm, note: _Note, k: _Key, word: int) -> tuple | None:
     if seen and not all(ctl.published(r, seen) for r in ctl.peers):
         return None
     feed(comm)
-    cur, burst, why = _judge(k) if k.calls % PERIOD == 0 else _after_probe(k)
+    cur, burst, why = _rules.judge(k) if k.calls % _rules.PERIOD == 0 else _rules.after_probe(k)
     if why:
         k.history.append((k.calls, cur, why))
-    explore = "" if burst else _explore(k, cur)
-    algs = _burst(k, cur) if burst else ()
+    explore = "" if burst else _rules.contender(k, cur)
+    algs = _rules.burst_for(k, cur) if burst else ()
     ctl.set_note(_encode(k.tag, k.calls, k.algorithms.index(cur),
                          k.algorithms.index(explore) if explore else -1,
                          sum(1 << k.algorithms.index(a) for a in algs)), word)
@@ -287,107 +298,11 @@ def feed(comm) -> None:
                comm.generation)
         k = keys.get(key)
         if k is not None:
-            s = k.samples.setdefault(rec.algorithm, deque(maxlen=PERIOD))
-            s.append((k.calls, rec.call, rec.wire_ns))
+            s = k.samples.setdefault(rec.algorithm, deque(maxlen=_rules.PERIOD))
+            s.append((_rules.calls_of(k), rec.call, rec.wire_ns))
 
 
-def _fresh(k: _Key, alg: str) -> list[tuple[int, int]]:
-    """(record number, wire ns) of ``alg``'s samples fed since the previous decision."""
-    return [(r, w) for c, r, w in k.samples.get(alg, ()) if c > k.calls - PERIOD]
-
-
-def _median(k: _Key, alg: str, near: list[int] | None = None) -> float | None:
-    """The median wire time of ``alg``'s fresh samples: the last WINDOW, or those within
-    WINDOW records of the record numbers ``near`` (a contender's: paired in time)."""
-    fresh = _fresh(k, alg)
-    if near:
-        lo, hi = min(near) - WINDOW, max(near) + WINDOW
-        fresh = [(r, w) for r, w in fresh if lo <= r <= hi]
-    else:
-        fresh = fresh[-WINDOW:]
-    return statistics.median(w for _, w in fresh) if len(fresh) >= 3 else None
-
-
-def _judge(k: _Key) -> tuple[str, bool, str]:
-    """(current algorithm, burst next period, why) from the samples (rank 0). A
-    contender is compared with the current algorithm's calls next to its own (a load
-    that comes and goes on a shared machine moves both alike)."""
-    cur = _median(k, k.current)
-    if cur is None:
-        return k.current, False, ""
-    best, best_r = k.current, 1.0
-    for a in k.algorithms:
-        s = _fresh(k, a)
-        if a == k.current or not s:
-            continue
-        t = statistics.median(w for _, w in s)
-        base = _median(k, k.current, near=[r for r, _ in s]) or cur
-        k.ratio[a] = t / base
-        # a switch needs a median of 3 or more (faster than both the calls next to it
-        # and the last WINDOW: one window of a few calls is easily off on a busy
-        # machine), or one call HOPELESS**2 times faster
-        r = max(k.ratio[a], t / cur)
-        if (len(s) >= 3 or r < HOPELESS ** -2) and r < best_r:
-            best, best_r = a, r
-    k.ratio[k.current] = 1.0
-    probe = k.calls <= PERIOD  # then a burst of the contenders worth measuring
-    if best != k.current and best_r <= 1 - SWITCH:
-        k.chosen_median = cur * best_r
-        k.ratio = {a: r / best_r for a, r in k.ratio.items()}
-        return best, probe, f"{best} {1 / best_r:.2f}x faster than {k.current}"
-    if probe:
-        near = [a for a in k.algorithms if a != k.current and k.ratio.get(a, 1.0) <= HOPELESS ** 2]
-        return k.current, bool(near), f"probe: {', '.join(near)} within {HOPELESS ** 2:g}x" * bool(near)
-    if not k.chosen_median:
-        k.chosen_median = cur
-    drift = abs(cur - k.chosen_median) / k.chosen_median
-    if drift > DRIFT or k.deferred:  # the machine changed: measure the contenders afresh
-        # a burst may overdraw the exploration budget once; later runs wait to repay it
-        k.deferred = k.explored > EXPLORE * k.calls
-        if not k.deferred:
-            k.chosen_median = 0.0
-            return k.current, True, f"drift {drift:.0%}"
-    return k.current, False, ""
-
-
-def _after_probe(k: _Key) -> tuple[str, bool, str]:
-    """(current, burst, why) right after a new key's probe (rank 0): the fastest probed
-    algorithm when `current`'s one call took HOPELESS**2 times as long (no burst: the
-    period's end brings it)."""
-    one = {a: statistics.median(w for _, w in s) for a in k.algorithms if (s := _fresh(k, a))}
-    best = min(one, key=one.__getitem__, default=k.current)
-    if k.current not in one or one[best] * HOPELESS ** 2 > one[k.current]:
-        return k.current, False, ""
-    k.ratio = {a: t / one[best] for a, t in one.items()}
-    return best, False, f"{best} {one[k.current] / one[best]:.2f}x faster than {k.current} (probe)"
-
-
-def _burst(k: _Key, cur: str) -> tuple[str, ...]:
-    """A burst (after the probe or a drift): the current algorithm and its contenders
-    (not the HOPELESS; after the probe, whose one call each is a rough guide, not those
-    HOPELESS**2 slower)."""
-    limit = HOPELESS ** 2 if k.calls <= PERIOD else HOPELESS
-    return tuple(a for a in k.algorithms if a == cur or k.ratio.get(a, 1.0) <= limit)
-
-
-def _explore(k: _Key, cur: str) -> str:
-    """The contender the next period's run measures, "" for none: within the budget of
-    calls, and a HOPELESS one only within the budget of time."""
-    if k.explored + RUN > EXPLORE * (k.calls + PERIOD // 2):
-        return ""
-    others = [a for a in k.algorithms if a != cur]
-    for i in range(len(others)):
-        a = others[(k.rounds + i) % len(others)]
-        over = RUN * (k.ratio.get(a, 1.0) - 1)
-        if k.ratio.get(a, 1.0) <= HOPELESS or k.excess + over <= EXPLORE * k.calls:
-            k.rounds += i + 1
-            if k.ratio.get(a, 1.0) > HOPELESS:
-                k.excess += over
-            return a
-    return ""
-
-
-def _frozen(key: tuple, k: _Key | None) -> str | None:
+def _frozen(key: tuple, k: _rules.Key | None) -> str | None:
     if key not in _FROZEN:
         _FROZEN.add(key)
         now = k.current if k is not None else "the table's choice"
@@ -403,6 +318,6 @@ def state(comm) -> dict:
     for key, k in _state(comm).items():
         med = {a: (statistics.median(w for *_, w in s) / 1e3 if s else None)
                for a, s in k.samples.items()}
-        out[key] = {"current": k.current, "table": k.table, "calls": k.calls,
+        out[key] = {"current": k.current, "table": k.table, "calls": _rules.calls_of(k),
                     "decided": k.decided, "median_us": med, "history": list(k.history)}
     return out

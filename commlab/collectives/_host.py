@@ -66,15 +66,18 @@ def run(coll: Collective, x, algorithm: str = "auto", *params, out=None) -> torc
     asked = algorithm
     online: dict = {}
     fence = False
+    budget = None
     adapting = algorithm == "auto" and _adapt.on(comm)
     if adapting:  # online selection: every rank runs this
-        picked, fence = _adapt.pick(comm, coll.name, x, tuple(coll.bodies))
+        picked, fence, budget = _adapt.pick(comm, coll.name, x, tuple(coll.bodies))
         if picked is not None:
             algorithm, online = picked, {"online": picked}
     if isinstance(x, torch.Tensor):
         key = (coll.name, x.shape, x.dtype, x.device, *params, algorithm)
         if not (fence or coll.capture_choice and capturing_auto(comm, algorithm)):
-            y = fast_call(comm, key, x, out, dispatch=not adapting)
+            # an online pick's call form goes to the C dispatch only with its key's budget
+            y = fast_call(comm, key, x, out, dispatch=not adapting or budget is not None,
+                          budget=budget if adapting else None)
             if y is not None:
                 return y
     fields = dict(zip(coll.params, params, strict=True))

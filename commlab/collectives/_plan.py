@@ -74,18 +74,20 @@ class Plan:
             self.entry.retire()
 
 
-def fast_call(comm, key: tuple, x, out=None, dispatch: bool = True) -> torch.Tensor | None:
+def fast_call(comm, key: tuple, x, out=None, dispatch: bool = True,
+              budget=None) -> torch.Tensor | None:
     """Run the cached plan for ``key`` if there is one (into ``out`` when given); None
     means "take the slow path". ``dispatch``: a later call with the same arguments may go
-    straight to the plan's C entry (``_publish.SERVED``; not while online selection
-    decides per call)."""
+    straight to the plan's C entry (``_publish.SERVED``); ``budget``: only the calls
+    online selection grants it (``_adapt.pick``)."""
     try:
         plan = comm.plans.get(key)
     except TypeError:  # an unhashable parameter (op=["sum"]): the checks will refuse it
         return None
     if plan is None or not x.is_contiguous():
         return None
-    _SERVED.append(plan.entry if dispatch else None)
+    served = plan.entry if dispatch else None
+    _SERVED.append((served, budget) if budget is not None and served is not None else served)
     if plan.entry is not None:  # the steady state in C; None: anything else, below
         y = plan.entry(x, out)
         if y is not None:

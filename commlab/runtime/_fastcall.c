@@ -15,7 +15,10 @@
  *
  * Dispatch sits in front of a public collective (runtime/_publish.py): it maps a call
  * form (the arguments after x, x's shape, dtype, device and contiguity) to the Entry of
- * the plan that served it, so a repeated call never enters the interpreter.
+ * the plan that served it, so a repeated call never enters the interpreter. A call form
+ * online selection picks for (``algorithm="auto"``) carries a Budget: the calls its
+ * Python side said run the current algorithm with nothing to decide (collectives/_adapt.py);
+ * the Dispatch serves that many, counts them, then hands the call back to Python.
  *
  * An Entry returns None whenever the call is anything but that steady state (a first call, a
  * peer's digest that differs, a profiler or trace, another thread in the agreement, an
@@ -25,6 +28,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -493,7 +497,10 @@ static PyObject *raw_fire(Entry *self, long long stream, long long xp, long long
     Py_RETURN_NONE;
 }
 
-static PyObject *entry_run(Entry *self, PyObject *x, PyObject *out, int site_from_frame) {
+/* site_from_frame: called by the public function itself (the user's line is one frame up);
+ * budgeted: an online pick's call form (a CUDA-graph capture freezes the choice in Python) */
+static PyObject *entry_run(Entry *self, PyObject *x, PyObject *out, int site_from_frame,
+                           int budgeted) {
     if (!self->block) {
         PyErr_SetString(PyExc_RuntimeError, "Entry: not initialized");
         return NULL;
@@ -518,7 +525,7 @@ static PyObject *entry_run(Entry *self, PyObject *x, PyObject *out, int site_fro
         if (stream == -1 && PyErr_Occurred()) return NULL;
     }
     int capture = -2;  /* whether a CUDA graph captures this stream: asked once, when needed */
-    if (self->capture_choice && self->device >= 0) {
+    if ((self->capture_choice || budgeted) && self->device >= 0) {
         capture = capturing(self, stream);
         if (capture != 0) { if (capture < 0) return NULL; Py_RETURN_NONE; }
     }
@@ -624,7 +631,7 @@ static PyObject *entry_run(Entry *self, PyObject *x, PyObject *out, int site_fro
 static PyObject *entry_call(Entry *self, PyObject *args, PyObject *kw) {
     PyObject *x, *out = Py_None;
     if (!PyArg_ParseTuple(args, "O|O", &x, &out)) return NULL;
-    return entry_run(self, x, out, 0);
+    return entry_run(self, x, out, 0, 0);
 }
 
 static PyObject *entry_retire(Entry *self, PyObject *unused) {
@@ -720,6 +727,45 @@ static PyTypeObject EntryType = {
     .tp_methods = entry_methods,
 };
 
+/* ---- Budget: calls a Dispatch may serve for online selection ---------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    long long left;    /* calls the Dispatch may still serve (Python grants them) */
+    long long used;    /* calls it served since Python last read this */
+} Budget;
+
+static PyMemberDef budget_members[] = {
+    {"left", T_LONGLONG, offsetof(Budget, left), 0, "calls the Dispatch may still serve"},
+    {"used", T_LONGLONG, offsetof(Budget, used), 0, "calls it served since Python took them"},
+    {NULL}
+};
+
+/* take(): the calls served since the last take, and no more served until a new grant */
+static PyObject *budget_take(Budget *self, PyObject *unused) {
+    long long used = self->used;
+    self->used = 0;
+    self->left = 0;
+    return PyLong_FromLongLong(used);
+}
+
+static PyMethodDef budget_methods[] = {
+    {"take", (PyCFunction)budget_take, METH_NOARGS,
+     "the calls served since the last take (left becomes 0)"},
+    {NULL}
+};
+
+static PyTypeObject BudgetType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "commlab._fastcall.Budget",
+    .tp_basicsize = sizeof(Budget),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Calls of one online-selection key a Dispatch may serve (left) and served (used).",
+    .tp_new = PyType_GenericNew,
+    .tp_members = budget_members,
+    .tp_methods = budget_methods,
+};
+
 /* ---- Dispatch: a public collective's repeated call form -> its Entry ------------- */
 
 #define NSLOTS 8
@@ -731,6 +777,7 @@ typedef struct {
     PyObject *dtype;   /* x.dtype */
     long long device;  /* x.get_device() */
     Entry *entry;
+    Budget *budget;    /* an online pick's call form: serve only while budget->left > 0 */
 } Slot;
 
 typedef struct {
@@ -742,7 +789,7 @@ typedef struct {
 
 static void slot_clear(Slot *s) {
     Py_CLEAR(s->rest); Py_CLEAR(s->kwargs); Py_CLEAR(s->shape); Py_CLEAR(s->dtype);
-    Py_CLEAR(s->entry);
+    Py_CLEAR(s->entry); Py_CLEAR(s->budget);
 }
 
 static int dispatch_traverse(Dispatch *self, visitproc visit, void *arg) {
@@ -750,6 +797,7 @@ static int dispatch_traverse(Dispatch *self, visitproc visit, void *arg) {
         Py_VISIT(self->slots[i].rest); Py_VISIT(self->slots[i].kwargs);
         Py_VISIT(self->slots[i].shape); Py_VISIT(self->slots[i].dtype);
         Py_VISIT((PyObject *)self->slots[i].entry);
+        Py_VISIT((PyObject *)self->slots[i].budget);
     }
     return 0;
 }
@@ -824,11 +872,16 @@ static PyObject *dispatch_call(Dispatch *self, PyObject *a, PyObject *kw) {
     Py_XDECREF(dtype);
     if (found < 0) Py_RETURN_NONE;
     Entry *e = self->slots[found].entry;
-    Py_INCREF(e);
+    Budget *b = self->slots[found].budget;
+    if (b && b->left <= 0) Py_RETURN_NONE;  /* online selection has a call to decide */
     PyObject *out = self->out < 0 ? Py_None : self->out < n ? PyTuple_GET_ITEM(args, self->out) : NULL;
-    if (!out) { Py_DECREF(e); Py_RETURN_NONE; }
-    PyObject *r = entry_run(e, x, out, 1);
+    if (!out) Py_RETURN_NONE;
+    Py_INCREF(e);
+    Py_XINCREF(b);
+    PyObject *r = entry_run(e, x, out, 1, b != NULL);
+    if (b && r && r != Py_None) { b->left--; b->used++; }
     Py_DECREF(e);
+    Py_XDECREF(b);
     return r;
 }
 
@@ -837,11 +890,17 @@ static int plain(PyObject *v) {
         || PyUnicode_CheckExact(v);
 }
 
-/* remember(args, kwargs, entry): serve this call form with entry from now on */
+/* remember(args, kwargs, entry, budget=None): serve this call form with entry from now on
+ * (with a budget: only the calls it grants), in place of what served it before */
 static PyObject *dispatch_remember(Dispatch *self, PyObject *a) {
-    PyObject *args, *kwargs, *entry;
-    if (!PyArg_ParseTuple(a, "O!OO!", &PyTuple_Type, &args, &kwargs, &EntryType, &entry))
+    PyObject *args, *kwargs, *entry, *budget = Py_None;
+    if (!PyArg_ParseTuple(a, "O!OO!|O", &PyTuple_Type, &args, &kwargs, &EntryType, &entry,
+                          &budget))
         return NULL;
+    if (budget != Py_None && !PyObject_TypeCheck(budget, &BudgetType)) {
+        PyErr_SetString(PyExc_TypeError, "remember: budget must be a Budget or None");
+        return NULL;
+    }
     if (PyTuple_GET_SIZE(args) < 1) Py_RETURN_NONE;
     /* a key compares plain values only (a tensor's == is elementwise) */
     for (Py_ssize_t j = 1; j < PyTuple_GET_SIZE(args); j++)
@@ -875,16 +934,33 @@ static PyObject *dispatch_remember(Dispatch *self, PyObject *a) {
         kwcopy = PyDict_Copy(kwargs);
         if (!kwcopy) { Py_DECREF(rest); Py_DECREF(shape); Py_DECREF(dtype); return NULL; }
     }
-    int i = self->next;  /* a free or retired slot first, else round robin */
-    for (int j = 0; j < NSLOTS; j++)
-        if (!self->slots[j].entry || self->slots[j].entry->retired) { i = j; break; }
-    if (i == self->next) self->next = (self->next + 1) % NSLOTS;
+    int i = -1;  /* the slot of this very call form (a new entry replaces the old) */
+    for (int j = 0; j < NSLOTS && i < 0; j++) {
+        Slot *o = &self->slots[j];
+        if (!o->entry || o->dtype != dtype || o->device != device) continue;
+        int eq = same(o->shape, shape);
+        if (eq == 1) eq = same(o->rest, rest);
+        if (eq == 1 && (o->kwargs == NULL) != (kwcopy == NULL)) eq = 0;
+        if (eq == 1 && kwcopy) eq = same(o->kwargs, kwcopy);
+        if (eq < 0) PyErr_Clear();
+        if (eq == 1) i = j;
+    }
+    if (i < 0) {  /* a free or retired slot first, else round robin */
+        i = self->next;
+        for (int j = 0; j < NSLOTS; j++)
+            if (!self->slots[j].entry || self->slots[j].entry->retired) { i = j; break; }
+        if (i == self->next) self->next = (self->next + 1) % NSLOTS;
+    }
     Slot *sl = &self->slots[i];
     slot_clear(sl);
     sl->rest = rest; sl->kwargs = kwcopy; sl->shape = shape; sl->dtype = dtype;
     sl->device = device;
     Py_INCREF(entry);
     sl->entry = (Entry *)entry;
+    if (budget != Py_None) {
+        Py_INCREF(budget);
+        sl->budget = (Budget *)budget;
+    }
     Py_RETURN_NONE;
 }
 
@@ -899,7 +975,7 @@ static int dispatch_init(Dispatch *self, PyObject *args, PyObject *kw) {
 
 static PyMethodDef dispatch_methods[] = {
     {"remember", (PyCFunction)dispatch_remember, METH_VARARGS,
-     "remember(args, kwargs, entry): serve this call form with entry"},
+     "remember(args, kwargs, entry, budget=None): serve this call form with entry"},
     {NULL}
 };
 
@@ -977,7 +1053,8 @@ PyMODINIT_FUNC PyInit__fastcall(void) {
 #undef INTERN
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;
-    if (PyModule_AddType(m, &EntryType) < 0 || PyModule_AddType(m, &DispatchType) < 0) {
+    if (PyModule_AddType(m, &EntryType) < 0 || PyModule_AddType(m, &DispatchType) < 0
+        || PyModule_AddType(m, &BudgetType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -127,6 +127,12 @@ def dispatch(out: int | None = None):
     mod = module()
     return mod.Dispatch(out=out) if mod is not None else None
 
+def budget():
+    """A new ``Budget`` (online selection's calls a Dispatch may serve), or None without
+    the C module."""
+    mod = module()
+    return mod.Budget() if mod is not None else None
+
 
 class Plans(dict):
     """A communicator's launch plans: a plan removed or replaced is retired (its C entry

@@ -39,7 +39,8 @@ def local_error_text(fn: Callable, e: Exception) -> str:
 
 
 # the C entries of the plans that served the calls made inside the outermost public
-# call (None for a call no plan served); the collectives' host path appends to it
+# call (None for a call no plan served; (entry, budget) for an online pick's, which the
+# dispatch serves only as its budget grants); the collectives' host path appends to it
 SERVED: list = []
 _DEPTH = [0]
 
@@ -98,7 +99,8 @@ def published(current: Callable[[], Any]) -> Callable[..., Callable[[F], F]]:
                     if d is None:
                         d = fast[0] = _native.dispatch(out) or False
                     if d:
-                        d.remember(args, kwargs, SERVED[0])
+                        s = SERVED[0]
+                        d.remember(args, kwargs, *(s if type(s) is tuple else (s,)))
                 return y
 
             return call  # type: ignore[return-value]

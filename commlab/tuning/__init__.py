@@ -27,7 +27,7 @@ from bisect import bisect_left
 from pathlib import Path
 
 from commlab import _config
-from commlab.collectives import _select
+from commlab.collectives import _adapt, _select
 from commlab.runtime import get_communicator
 from commlab.tuning._fingerprint import fields as _fields
 from commlab.tuning._fingerprint import fingerprint_of
@@ -86,7 +86,7 @@ def _install(comm, table: TuningTable | None) -> None:
             del plans[key]
     # online selection (COMMLAB_ADAPT) starts again from the new table's choices
     if getattr(comm, "adapt", None):
-        comm.adapt = {}
+        _adapt.reset(comm)
 
 
 def _read_table(comm) -> TuningTable | None:

@@ -17,6 +17,49 @@ def _hits(comm) -> int:
     return sum(p.entry.hits for p in comm.plans.values() if p.entry is not None)
 
 
+def _online(comm, n: int = 160) -> None:
+    """``auto`` under online selection: Python picks at its decisions, bursts and
+    explorations only; the C dispatch serves the calls between (its budget), every call
+    is counted, and every rank runs the same algorithm on every call."""
+    from commlab.collectives import _adapt
+    from commlab.runtime import records
+
+    was = getattr(comm, "adapt_on", None)
+    comm.adapt_on = (comm.generation, True)  # on for this section (off on GPUs by default)
+    pick, picks = _adapt.pick, [0]
+
+    def counted(*a, **kw):
+        picks[0] += 1
+        return pick(*a, **kw)
+
+    _adapt.pick = counted
+    try:
+        rank, world = comm.rank, comm.world_size
+        x = torch.arange(96, dtype=torch.float32, device=comm.device) + rank
+        want = torch.arange(96, dtype=torch.float32, device=comm.device) * world + sum(range(world))
+        for i in range(n):
+            x[0] = i + rank
+            want[0] = i * world + sum(range(world))
+            out = commlab.all_reduce(x)
+            assert torch.equal(out, want), (i, out[:2], want[:2])
+        commlab.synchronize()
+        key = _adapt.key_for(comm, "all_reduce", x)
+        assert _adapt.state(comm)[key]["calls"] == n, _adapt.state(comm)[key]["calls"]
+        assert picks[0] <= n // 3, f"Python picked {picks[0]} of {n} calls"
+        if records.enabled():  # the algorithm of every call, compared across ranks
+            names = ("one_shot", "two_shot", "ring")
+            ran = [names.index(r.algorithm) for r in records.recent(comm)
+                   if r.op == "all_reduce" and r.nbytes == x.numel() * 4][-n:][:n - 1]
+            # (the last call's record may not be collected yet: compare the calls before)
+            assert len(ran) == n - 1, f"{len(ran)} records of {n} calls"
+            mine = torch.tensor(ran, dtype=torch.float32, device=comm.device)
+            every = commlab.all_gather(mine).view(world, n - 1)
+            assert bool((every == every[0]).all()), "ranks ran different algorithms"
+    finally:
+        _adapt.pick = pick
+        comm.adapt_on = was
+
+
 def native_world(comm) -> dict:
     checks = Checks(comm.rank)
     rank, world = comm.rank, comm.world_size
@@ -76,6 +119,9 @@ def native_world(comm) -> dict:
         texts["mismatch"] = msg
         out = commlab.all_reduce(x)
         assert torch.equal(out, x * world), out
+
+    with checks.case("online", "auto calls between online selection's picks are served in C"):
+        _online(comm)
 
     with checks.case("inplace", "the torch backend's in-place all_reduce is served in C"):
         from commlab.torch_backend import _into

@@ -1,0 +1,157 @@
+"""Online selection's rules for one key: its constants, its state, and rank 0's judgement.
+
+``_adapt`` runs the protocol (the picks, the note, the C dispatch's budget); this module
+holds what a key is and how rank 0 reads its samples: the median wire time of each
+algorithm since the previous decision, a contender compared with the current
+algorithm's calls next to its own, the burst and exploration plans (``_adapt``'s
+docstring gives the schedule they fill).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+PERIOD = 50  # calls between decisions
+# calls after a new key's probe at which rank 0 may leave `current`: a peer may still be
+# finishing the probe's last call (its record incomplete) at the first
+PROBE_DECISIONS = (1, 3, 6)
+BURST = 4  # calls per algorithm in a burst period
+RUN = 3  # calls of one contender per steady exploration (enough for a median)
+WINDOW = 9  # samples per algorithm in a median
+SWITCH = 0.05  # another algorithm this much faster (median) takes over
+DRIFT = 0.20  # the current algorithm's median moving this much starts a burst
+HOPELESS = 2.0  # slower than the current by this factor: explored on the time budget
+EXPLORE = 0.02  # exploring calls per call (a key's first period aside); also the
+#                 time budget of HOPELESS algorithms, in calls of the current one
+
+
+@dataclass
+class Key:
+    algorithms: tuple[str, ...]
+    current: str
+    table: str
+    tag: int  # this key's number on this communicator (the note's tag)
+    calls: int = 0
+    burst: tuple[str, ...] = ()  # the algorithms this period's burst measures
+    per: int = BURST  # calls per algorithm in it (a new key's probe: 1)
+    explore: str = ""  # the contender this period's steady run measures
+    last: str = ""  # the algorithm the key's previous call ran
+    explored: int = 0  # calls that ran another algorithm than `current` (first period aside)
+    decided: int = 0  # rank 0's decisions taken (the others were skipped)
+    # rank 0 only: measurements and what they led to
+    samples: dict = field(default_factory=dict)  # algorithm -> deque of (call, record, wire ns)
+    ratio: dict = field(default_factory=dict)  # algorithm -> last median / current's
+    chosen_median: float = 0.0  # the current algorithm's median when it was chosen
+    excess: float = 0.0  # HOPELESS explorations' time over `current`, in its calls
+    rounds: int = 0  # steady explorations scheduled (which contender is next)
+    deferred: bool = False  # a drift's burst waits until the budget allows it
+    history: list = field(default_factory=list)  # (call, algorithm, why) decisions
+    budget: Any = None  # _fastcall.Budget: calls the C dispatch serves between picks
+
+
+def explore_slots() -> tuple[int, int]:
+    """The first and last slot of a period that a steady exploration's calls take."""
+    return PERIOD // 2, PERIOD // 2 + RUN - 1
+
+
+def calls_of(k: Key) -> int:
+    """The key's calls so far, those the C dispatch served since its last pick included."""
+    return k.calls + (k.budget.used if k.budget is not None else 0)
+
+
+def _fresh(k: Key, alg: str) -> list[tuple[int, int]]:
+    """(record number, wire ns) of ``alg``'s samples fed since the previous decision."""
+    return [(r, w) for c, r, w in k.samples.get(alg, ()) if c > k.calls - PERIOD]
+
+
+def _median(k: Key, alg: str, near: list[int] | None = None) -> float | None:
+    """The median wire time of ``alg``'s fresh samples: the last WINDOW, or those within
+    WINDOW records of the record numbers ``near`` (a contender's: paired in time)."""
+    fresh = _fresh(k, alg)
+    if near:
+        lo, hi = min(near) - WINDOW, max(near) + WINDOW
+        fresh = [(r, w) for r, w in fresh if lo <= r <= hi]
+    else:
+        fresh = fresh[-WINDOW:]
+    return statistics.median(w for _, w in fresh) if len(fresh) >= 3 else None
+
+
+def judge(k: Key) -> tuple[str, bool, str]:
+    """(current algorithm, burst next period, why) from the samples (rank 0). A
+    contender is compared with the current algorithm's calls next to its own (a load
+    that comes and goes on a shared machine moves both alike)."""
+    cur = _median(k, k.current)
+    if cur is None:
+        return k.current, False, ""
+    best, best_r = k.current, 1.0
+    for a in k.algorithms:
+        s = _fresh(k, a)
+        if a == k.current or not s:
+            continue
+        t = statistics.median(w for _, w in s)
+        base = _median(k, k.current, near=[r for r, _ in s]) or cur
+        k.ratio[a] = t / base
+        # a switch needs a median of 3 or more (faster than both the calls next to it
+        # and the last WINDOW: one window of a few calls is easily off on a busy
+        # machine), or one call HOPELESS**2 times faster
+        r = max(k.ratio[a], t / cur)
+        if (len(s) >= 3 or r < HOPELESS ** -2) and r < best_r:
+            best, best_r = a, r
+    k.ratio[k.current] = 1.0
+    probe = k.calls <= PERIOD  # then a burst of the contenders worth measuring
+    if best != k.current and best_r <= 1 - SWITCH:
+        k.chosen_median = cur * best_r
+        k.ratio = {a: r / best_r for a, r in k.ratio.items()}
+        return best, probe, f"{best} {1 / best_r:.2f}x faster than {k.current}"
+    if probe:
+        near = [a for a in k.algorithms if a != k.current and k.ratio.get(a, 1.0) <= HOPELESS ** 2]
+        return k.current, bool(near), f"probe: {', '.join(near)} within {HOPELESS ** 2:g}x" * bool(near)
+    if not k.chosen_median:
+        k.chosen_median = cur
+    drift = abs(cur - k.chosen_median) / k.chosen_median
+    if drift > DRIFT or k.deferred:  # the machine changed: measure the contenders afresh
+        # a burst may overdraw the exploration budget once; later runs wait to repay it
+        k.deferred = k.explored > EXPLORE * k.calls
+        if not k.deferred:
+            k.chosen_median = 0.0
+            return k.current, True, f"drift {drift:.0%}"
+    return k.current, False, ""
+
+
+def after_probe(k: Key) -> tuple[str, bool, str]:
+    """(current, burst, why) right after a new key's probe (rank 0): the fastest probed
+    algorithm when `current`'s one call took HOPELESS**2 times as long (no burst: the
+    period's end brings it)."""
+    one = {a: statistics.median(w for _, w in s) for a in k.algorithms if (s := _fresh(k, a))}
+    best = min(one, key=one.__getitem__, default=k.current)
+    if k.current not in one or one[best] * HOPELESS ** 2 > one[k.current]:
+        return k.current, False, ""
+    k.ratio = {a: t / one[best] for a, t in one.items()}
+    return best, False, f"{best} {one[k.current] / one[best]:.2f}x faster than {k.current} (probe)"
+
+
+def burst_for(k: Key, cur: str) -> tuple[str, ...]:
+    """A burst (after the probe or a drift): the current algorithm and its contenders
+    (not the HOPELESS; after the probe, whose one call each is a rough guide, not those
+    HOPELESS**2 slower)."""
+    limit = HOPELESS ** 2 if k.calls <= PERIOD else HOPELESS
+    return tuple(a for a in k.algorithms if a == cur or k.ratio.get(a, 1.0) <= limit)
+
+
+def contender(k: Key, cur: str) -> str:
+    """The contender the next period's run measures, "" for none: within the budget of
+    calls, and a HOPELESS one only within the budget of time."""
+    if k.explored + RUN > EXPLORE * (k.calls + PERIOD // 2):
+        return ""
+    others = [a for a in k.algorithms if a != cur]
+    for i in range(len(others)):
+        a = others[(k.rounds + i) % len(others)]
+        over = RUN * (k.ratio.get(a, 1.0) - 1)
+        if k.ratio.get(a, 1.0) <= HOPELESS or k.excess + over <= EXPLORE * k.calls:
+            k.rounds += i + 1
+            if k.ratio.get(a, 1.0) > HOPELESS:
+                k.excess += over
+            return a
+    return ""
