@@ -337,7 +337,8 @@ def main(argv=None) -> int:
     phases = [("small", a.small_bytes, False), ("large", a.large_bytes, False),
               ("load", a.large_bytes, True), ("stale", a.stale_bytes, False)]
     res = run_world(_rank, a.ranks, args=(phases, a.fixed, a.calls, a.block, a.backend),
-                    backend=a.backend, timeout=3600, env={"COMMLAB_ADAPT": "1"})[0]
+                    backend=a.backend, timeout=3600,
+                    env={"COMMLAB_ADAPT": "1", "COMMLAB_RECORDS": "1"})[0]  # GPUs: records off by default
     out = Path(a.out or HERE / "results" / f"adapt-{a.backend}-w{a.ranks}.json")
     summary = []
     for p in res:

@@ -143,7 +143,7 @@ def main(argv=None) -> int:
     fixed_block = a.fixed_block or a.block
     res = run_world(_rank, a.ranks, args=(sizes, a.algorithm, a.rounds, a.block, fixed_block,
                                           a.profile is not None, a.hold),
-                    backend=a.backend, timeout=3600, env={"COMMLAB_ADAPT": "1"})[0]
+                    backend=a.backend, timeout=3600, env={"COMMLAB_ADAPT": "1", "COMMLAB_RECORDS": "1"})[0]
     rows = [summarize(s, a.algorithm) for s in res["sizes"]]
     for r in rows:
         print(f"{r['bytes'] >> 10:5d} KiB  fixed {r['fixed_us']:8.0f} us  auto {r['auto_us']:8.0f} us"

@@ -135,8 +135,9 @@ def main(argv=None) -> int:
         fails += not ok
         print(("PASS " if ok else "FAIL ") + text, flush=True)
 
+    # online selection learns from call records: on GPUs they are off unless asked for
     res = run_world(_held, 2, args=(a.calls,), backend=a.backend, timeout=600,
-                    env={"COMMLAB_ADAPT": "1"})
+                    env={"COMMLAB_ADAPT": "1", "COMMLAB_RECORDS": "1"})
     rec["held"] = res
     for n in SIZES:
         r0 = res[0][n]
@@ -149,7 +150,7 @@ def main(argv=None) -> int:
             f"({r0['held_vs_fixed']:+.1%}, rank 0, median)")
     for name, fn, adapt in (("adaptive", _adaptive, "1"), ("explicit", _explicit, "0")):
         res = run_world(fn, 2, args=(a.calls,), backend=a.backend, timeout=600,
-                        env={"COMMLAB_ADAPT": adapt})
+                        env={"COMMLAB_ADAPT": adapt, "COMMLAB_RECORDS": "1"})
         rec[name] = res
         for n in SIZES:
             wrong = [r[n]["wrong_calls"] for r in res]
