@@ -372,7 +372,9 @@ def main(argv=None) -> int:
                            f"the table where its choice is wrong")
     print("\n".join(summary))
     out.parent.mkdir(parents=True, exist_ok=True)
+    device = torch.cuda.get_device_name() if a.backend == "cuda" else os.uname().machine
     out.write_text(json.dumps({"backend": a.backend, "ranks": a.ranks, "notes": a.notes,
+                               "commit": os.environ.get("COMMLAB_COMMIT"), "device": device,
                                "phases": res, "summary": summary}, indent=1))
     out.with_suffix(".svg").write_text(
         _svg(res, f"all_reduce fp32, {a.ranks} ranks ({a.backend}): adaptive auto per call"))

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -127,7 +128,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     from commlab.testing import run_world
 
-    rec: dict = {"sizes": SIZES, "calls": a.calls, "backend": a.backend}
+    rec: dict = {"sizes": SIZES, "calls": a.calls, "backend": a.backend,
+                 "commit": os.environ.get("COMMLAB_COMMIT")}
     fails = 0
 
     def say(ok: bool, text: str) -> None:
