@@ -78,7 +78,7 @@ step abort "a rank lost while the others spin" 120 $PY bench/checks/gpu_elastic_
   --ranks 2 --out "$OUTDIR/gpu-elastic-abort-w2.json"
 step adaptb "online selection while conditions change, 2 ranks" 200 $PY bench/adapt_bench.py \
   --backend cuda --ranks 2 --out "$OUTDIR/adapt-cuda-w2.json"
-step adaptc "online selection while conditions change, 4 CPU ranks" 300 env COMMLAB_BACKEND=cpu \
+step adaptc "online selection while conditions change, 4 CPU ranks" 450 env COMMLAB_BACKEND=cpu \
   OMP_NUM_THREADS=1 $PY bench/adapt_bench.py --backend cpu --ranks 4 \
   --notes "commit ${COMMLAB_COMMIT:-?}; the device host's $(nproc) cores, nothing else running" \
   --out "$OUTDIR/adapt-cpu-w4-devicehost.json"

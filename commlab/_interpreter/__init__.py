@@ -10,6 +10,7 @@ Layer L0: imports Triton and numpy, never ``commlab.runtime`` or anything above 
 - ``triton_lib``: re-wrap ``@jit`` helpers decorated before the interpreter was chosen
 - ``observe``: launch and program hooks a checker registers with (no import upward)
 - ``host``: host-side help for the device language's spin-waits (yield, poll a flag)
+- ``compat``: what differs between Triton releases' interpreters (3.6's ``__index__``)
 
 ``install()`` replaces the access methods and turns on both speed-ups;
 ``commlab/__init__.py`` calls it right after ``decide()``, before any kernel is defined.
@@ -24,12 +25,13 @@ from commlab._interpreter.choose import decide, interpreting
 
 def install() -> None:
     """Speed up Triton's interpreter for every kernel (commlab's and the user's)."""
-    from commlab._interpreter import fastcall, fastmem, memory, observe
+    from commlab._interpreter import compat, fastcall, fastmem, memory, observe
 
     memory.install()  # every load, store and atomic through one hookable function each
     fastcall.install()
     observe.install()  # launch and program hooks (racecheck), outside fastcall's launch
     fastmem.install()  # symbolic index blocks, slice-copy loads and stores
+    compat.install()  # last: it wraps whichever tensor patches fastmem left
 
 
 __all__ = ["decide", "install", "interpreting"]

@@ -188,7 +188,7 @@ def _new_key(comm, key: tuple, op: str, x, algorithms: tuple[str, ...]) -> _rule
     note = _note(comm)
     note.tags += 1
     k = _state(comm)[key] = _rules.Key(algs, table, table, note.tags, burst=algs, per=1,
-                                 budget=_native.budget())
+                                       budget=_native.budget())
     return k
 
 

@@ -85,7 +85,7 @@ def judge(k: Key) -> tuple[str, bool, str]:
     cur = _median(k, k.current)
     if cur is None:
         return k.current, False, ""
-    best, best_r = k.current, 1.0
+    best, best_r, seen = k.current, 1.0, ""
     for a in k.algorithms:
         s = _fresh(k, a)
         if a == k.current or not s:
@@ -93,18 +93,20 @@ def judge(k: Key) -> tuple[str, bool, str]:
         t = statistics.median(w for _, w in s)
         base = _median(k, k.current, near=[r for r, _ in s]) or cur
         k.ratio[a] = t / base
+        evidence = (f"{len(s)} calls: {t / 1e3:.0f} us against {base / 1e3:.0f} beside them, "
+                    f"{cur / 1e3:.0f} last")
         # a switch needs a median of 3 or more (faster than both the calls next to it
         # and the last WINDOW: one window of a few calls is easily off on a busy
         # machine), or one call HOPELESS**2 times faster
         r = max(k.ratio[a], t / cur)
         if (len(s) >= 3 or r < HOPELESS ** -2) and r < best_r:
-            best, best_r = a, r
+            best, best_r, seen = a, r, evidence
     k.ratio[k.current] = 1.0
     probe = k.calls <= PERIOD  # then a burst of the contenders worth measuring
     if best != k.current and best_r <= 1 - SWITCH:
         k.chosen_median = cur * best_r
         k.ratio = {a: r / best_r for a, r in k.ratio.items()}
-        return best, probe, f"{best} {1 / best_r:.2f}x faster than {k.current}"
+        return best, probe, f"{best} {1 / best_r:.2f}x faster than {k.current} ({seen})"
     if probe:
         near = [a for a in k.algorithms if a != k.current and k.ratio.get(a, 1.0) <= HOPELESS ** 2]
         return k.current, bool(near), f"probe: {', '.join(near)} within {HOPELESS ** 2:g}x" * bool(near)
