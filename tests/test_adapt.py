@@ -378,3 +378,28 @@ def test_the_c_dispatchs_budget_ends_where_the_next_pick_would_not_run_current()
             assert granted == quiet or "burst" in plan, (plan, calls, granted, quiet)
             checked += granted > 0
     assert checked > 300  # most of those states grant calls
+
+
+def test_a_call_costs_its_cycle_where_the_call_before_it_was_recorded(monkeypatch):
+    # the cost rank 0 learns from is the last rank's end to end (what a loop of calls
+    # waits for) when the previous record is the call just before; else the wire time
+    from types import SimpleNamespace
+
+    from commlab.collectives import _adapt, _adapt_rules
+    from commlab.runtime.records import CallRecord
+
+    def rec(call, entry, end, span=1):
+        return CallRecord("all_reduce", "one_shot", 4096, "float32", call, entry, entry,
+                          end, {}, span)
+
+    recs = [rec(1, [0, 50], [100, 200], span=2),  # nothing before it: wire 150
+            rec(3, [210, 260], [500, 450]),  # right after: 500 - 200 = 300 (wire 240)
+            rec(7, [900, 905], [1000, 990])]  # records 4-6 not fed: wire 95
+    monkeypatch.setattr(_adapt._records, "collect", lambda comm: recs)
+    comm = SimpleNamespace(world_size=2, generation=0)
+    key = ("all_reduce", 4096 .bit_length(), "float32", 2, 0)
+    k = _adapt_rules.Key(("one_shot", "two_shot"), "one_shot", "one_shot", tag=1)
+    comm.adapt = {key: k}
+    _adapt.feed(comm)
+    assert [v for _, _, v in k.samples["one_shot"]] == [150, 300, 95]
+    assert comm.adapt_prev == (8, 1000)

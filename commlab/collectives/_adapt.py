@@ -9,7 +9,7 @@ Per key (op, size bucket = a power of two, dtype, world size, world generation):
       must not run for the rest of the period); then `current`; the
       next period measures `current` and the contenders the probe found within
       HOPELESS**2 of it (one call each is a rough guide), BURST calls each (a burst)
-    every PERIOD-th call: rank 0 decides from the call records (wire time, median of
+    every PERIOD-th call: rank 0 decides from the call records (cycle time, median of
       each algorithm's samples since the previous decision):
         another algorithm >= SWITCH faster than     -> it becomes `current`
           `current`'s calls next to its own and
@@ -291,15 +291,24 @@ def _decode(v: int) -> tuple[int, int, int, int, int]:
 
 
 def feed(comm) -> None:
-    """Give every key the wire times of its calls recorded since the last feed."""
+    """Give every key the cost of its calls recorded since the last feed: the cycle (the
+    last rank's end of the previous call to its end of this one: what a loop of calls
+    waits for) where the previous call's record came just before, else the wire time.
+    The cycle sees what the wire leaves out: on a rank that shares its core, the
+    scheduler's pauses land outside some algorithms' windows and inside others'."""
     keys = _state(comm)
+    prev = getattr(comm, "adapt_prev", None)  # (next call's record number, its last end)
     for rec in _records.collect(comm):
+        end = max(rec.end)
+        cost = end - prev[1] if prev is not None and prev[0] == rec.call else rec.wire_ns
+        prev = (rec.call + rec.span, end)
         key = (rec.op, max(rec.nbytes, 1).bit_length(), rec.dtype, comm.world_size,
                comm.generation)
         k = keys.get(key)
         if k is not None:
             s = k.samples.setdefault(rec.algorithm, deque(maxlen=_rules.PERIOD))
-            s.append((_rules.calls_of(k), rec.call, rec.wire_ns))
+            s.append((_rules.calls_of(k), rec.call, max(cost, 1)))
+    comm.adapt_prev = prev
 
 
 def _frozen(key: tuple, k: _rules.Key | None) -> str | None:

@@ -1,7 +1,7 @@
 """Online selection's rules for one key: its constants, its state, and rank 0's judgement.
 
 ``_adapt`` runs the protocol (the picks, the note, the C dispatch's budget); this module
-holds what a key is and how rank 0 reads its samples: the median wire time of each
+holds what a key is and how rank 0 reads its samples: the median cost of each
 algorithm since the previous decision, a contender compared with the current
 algorithm's calls next to its own, the burst and exploration plans (``_adapt``'s
 docstring gives the schedule they fill).
@@ -41,7 +41,7 @@ class Key:
     explored: int = 0  # calls that ran another algorithm than `current` (first period aside)
     decided: int = 0  # rank 0's decisions taken (the others were skipped)
     # rank 0 only: measurements and what they led to
-    samples: dict = field(default_factory=dict)  # algorithm -> deque of (call, record, wire ns)
+    samples: dict = field(default_factory=dict)  # algorithm -> deque of (call, record, cost ns)
     ratio: dict = field(default_factory=dict)  # algorithm -> last median / current's
     chosen_median: float = 0.0  # the current algorithm's median when it was chosen
     excess: float = 0.0  # HOPELESS explorations' time over `current`, in its calls
@@ -62,12 +62,12 @@ def calls_of(k: Key) -> int:
 
 
 def _fresh(k: Key, alg: str) -> list[tuple[int, int]]:
-    """(record number, wire ns) of ``alg``'s samples fed since the previous decision."""
+    """(record number, cost ns) of ``alg``'s samples fed since the previous decision."""
     return [(r, w) for c, r, w in k.samples.get(alg, ()) if c > k.calls - PERIOD]
 
 
 def _median(k: Key, alg: str, near: list[int] | None = None) -> float | None:
-    """The median wire time of ``alg``'s fresh samples: the last WINDOW, or those within
+    """The median cost of ``alg``'s fresh samples: the last WINDOW, or those within
     WINDOW records of the record numbers ``near`` (a contender's: paired in time)."""
     fresh = _fresh(k, alg)
     if near:

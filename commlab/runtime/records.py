@@ -80,6 +80,7 @@ class CallRecord:
     arrived: list[int]
     end: list[int]
     meta: dict = field(default_factory=dict)
+    span: int = 1  # the records the call opened: the next call's record number is call + span
 
     @property
     def world(self) -> int:
@@ -244,7 +245,7 @@ class Book:
             self.pending.popleft()
             first, last = rows[0], rows[-1]
             rec = CallRecord(op, alg, nbytes, dtype, k0 + 1, [r[0] for r in first],
-                             [r[1] for r in first], [r[2] for r in last], meta)
+                             [r[1] for r in first], [r[2] for r in last], meta, k1 - k0)
             out.append(rec)
             self.done.append(rec)
             self.seen += 1
