@@ -23,18 +23,22 @@ Per call: rank 0's host time around the call (CPU: the interpreter finishes the 
 inside the call; cuda: a device synchronize after every call), the algorithm it ran and
 whether it waited in the agreement (the others ran ahead of it).
 
+A block's cost is its typical call (``_adapt_rules.typical``: the mean of the middle
+80% of its calls, a throughput: beside a loaded rank one_shot's calls alternate 1.3 and
+6.5 ms, whose median is either, whose mean is what a loop of them takes).
+
 Goals (issue 30 item 3), judged per phase and printed as PASS/FAIL:
   best   the algorithm online selection holds from some call <= 200 on is within 3% of
-         the phase's best fixed median, and so are its calls from then on: the median
-         over those rounds of (adaptive block median / the best algorithm's block
-         median in the same round), explorations and waiting calls included (in a phase
+         the phase's best fixed algorithm, and so are its calls from then on: the median
+         over those rounds of (adaptive block cost / the best algorithm's block cost in
+         the same round), explorations and waiting calls included (in a phase
          that starts a new size, from the end of its first two periods, which measure
          the algorithms: a probe of one call each, then a burst);
   table  where the static table's choice is > 3% slower than the best, the adaptive
          blocks are >= 10% faster than the table's (the same paired median).
 Which algorithms are within 3% of the best (and whether the table's is) is read paired
 too: per algorithm, the median over the rounds after the learning periods of its block
-median over the best's in the same round (the phase's unpaired medians, which a load
+cost over the best's in the same round (the phase's unpaired costs, which a load
 drifting between rounds moves by more than 3%, are kept as ``within_3pct_unpaired``).
 ``--rejudge FILE`` judges a saved record again.
 Each paired median comes with its 90% interval (bootstrap over the judged rounds): where
@@ -60,6 +64,8 @@ import time
 from pathlib import Path
 
 import torch
+
+from commlab.collectives._adapt_rules import typical
 
 ALGS = ("one_shot", "two_shot", "ring")
 HERE = Path(__file__).resolve().parent
@@ -178,7 +184,7 @@ def _rank(comm, phases, fixed: int, calls: int, block: int, backend: str):
                 _load_stop(handle, backend)
         out.append({"phase": name, "bytes": nbytes, "loaded_rank": comm.world_size - 1
                     if loaded else None, "loadavg": [load0, os.getloadavg()[0]],
-                    "fixed_us": {a: statistics.median(v) for a, v in fixed_t.items()},
+                    "fixed_us": {a: typical(v) for a, v in fixed_t.items()},
                     "fixed_times_us": fixed_t, "fixed_waits": {a: [w for _, w in v] for a, v
                                                                in fixed_ran.items()},
                     "learning_calls": 2 * _adapt_rules.PERIOD if new_key else 0,
@@ -190,14 +196,16 @@ def _rank(comm, phases, fixed: int, calls: int, block: int, backend: str):
     return out
 
 
-def _block_medians(v: list[float], rounds, n: int) -> list[float]:
-    return [statistics.median(v[i * n:(i + 1) * n]) for i in rounds]
+def _block_costs(v: list[float], rounds, n: int) -> list[float]:
+    """Per round, what a call of the block typically cost (``typical``: the mean of the
+    middle 80%, a throughput; a median would pick one mode of calls that alternate)."""
+    return [typical(v[i * n:(i + 1) * n]) for i in rounds]
 
 
 def _round_ratios(times, fixed, rounds, block: int, n: int) -> list[float]:
-    """Per round: the adaptive block's median over the fixed block's."""
-    return [a / f for a, f in zip(_block_medians(times, rounds, block),
-                                  _block_medians(fixed, rounds, n), strict=True)]
+    """Per round: the adaptive block's cost over the fixed block's."""
+    return [a / f for a, f in zip(_block_costs(times, rounds, block),
+                                  _block_costs(fixed, rounds, n), strict=True)]
 
 
 def _interval(v: list[float], q: float = 0.05, n: int = 2000) -> tuple[float, float]:
@@ -209,7 +217,9 @@ def _interval(v: list[float], q: float = 0.05, n: int = 2000) -> tuple[float, fl
 
 def judge(p: dict, within: int = 200, near: float = 0.03, gain: float = 0.10) -> dict:
     """The phase's goals from its record (see the module docstring)."""
-    fixed = p["fixed_us"]
+    # each algorithm's typical call over the phase (from the times: a saved record's
+    # fixed_us may be medians, what the benchmark wrote before 2026-12-06)
+    fixed = {a: typical(v) for a, v in p["fixed_times_us"].items()}
     best = min(fixed, key=fixed.__getitem__)
     chosen, times = p["adaptive_choice"], p["adaptive_times_us"]
     block, ring_n = p["block"], p["ring_per_round"]
@@ -217,7 +227,7 @@ def judge(p: dict, within: int = 200, near: float = 0.03, gain: float = 0.10) ->
     # after the learning periods (the phase's unpaired medians, which a load drifting
     # between rounds moves by more than 3%, are kept as within_3pct_unpaired)
     learned = range(-(-p.get("learning_calls", 0) // block), len(times) // block)
-    per = {a: _block_medians(v, learned, ring_n if a == "ring" else block)
+    per = {a: _block_costs(v, learned, ring_n if a == "ring" else block)
            for a, v in p["fixed_times_us"].items()}
     vs_best = {a: statistics.median(t / b for t, b in zip(per[a], per[best], strict=True))
                for a in per} if len(learned) else {a: fixed[a] / fixed[best] for a in fixed}
@@ -229,10 +239,10 @@ def judge(p: dict, within: int = 200, near: float = 0.03, gain: float = 0.10) ->
     # the algorithms (ring once): the median is taken from their end on
     start = max(settled or 0, p.get("learning_calls", 0)) if settled is not None else (
         len(times) - 50)
-    adaptive = statistics.median(times[start:])
+    adaptive = typical(times[start:])
     # the fixed calls of the same rounds (the machine's load drifts within a phase)
     r0 = start // block
-    same = {a: statistics.median(v[r0 * (ring_n if a == "ring" else block):] or v)
+    same = {a: typical(v[r0 * (ring_n if a == "ring" else block):] or v)
             for a, v in p["fixed_times_us"].items()}
     best_same = min(same.values())
     best_alg = min(same, key=same.__getitem__)
@@ -244,8 +254,8 @@ def judge(p: dict, within: int = 200, near: float = 0.03, gain: float = 0.10) ->
     def paired(a: str) -> float:
         n = ring_n if a == "ring" else block
         return statistics.median(
-            statistics.median(times[i * block:(i + 1) * block])
-            / statistics.median(p["fixed_times_us"][a][i * n:(i + 1) * n]) for i in rounds)
+            typical(times[i * block:(i + 1) * block])
+            / typical(p["fixed_times_us"][a][i * n:(i + 1) * n]) for i in rounds)
 
     table_wrong = vs_best[p["table"]] > 1 + near  # paired, as `good`
     ratios = {a: _round_ratios(times, p["fixed_times_us"][a], rounds, block,
@@ -253,12 +263,12 @@ def judge(p: dict, within: int = 200, near: float = 0.03, gain: float = 0.10) ->
     # how far the table's choice is from the best, block by block: where it is wrong by
     # less than `gain`, ">= 10% faster than the table" asks more than the best gives
     table_excess = statistics.median(
-        t / b for t, b in zip(_block_medians(p["fixed_times_us"][p["table"]], rounds,
+        t / b for t, b in zip(_block_costs(p["fixed_times_us"][p["table"]], rounds,
                                              ring_n if p["table"] == "ring" else block),
-                              _block_medians(p["fixed_times_us"][best_alg], rounds,
+                              _block_costs(p["fixed_times_us"][best_alg], rounds,
                                              ring_n if best_alg == "ring" else block),
                               strict=True)) - 1 if p["table"] != best_alg else 0.0
-    r = {"best": best, "within_3pct": sorted(good), "within_3pct_unpaired": sorted(unpaired),
+    r = {"best": best, "fixed_typical_us": fixed, "within_3pct": sorted(good), "within_3pct_unpaired": sorted(unpaired),
          "paired_vs_phase_best": vs_best, "settled_after_calls": settled,
          "from_call": start, "fixed_same_rounds_us": same,
          "adaptive_us": adaptive, "adaptive_vs_best": adaptive / best_same - 1,
@@ -388,8 +398,8 @@ def _summary(res: list[dict]) -> list[str]:
         same = p["fixed_same_rounds_us"]
         summary.append(
             f"{p['phase']:5s} {p['bytes'] >> 10:6d} KiB  best {p['best']} "
-            f"{p['fixed_us'][p['best']]:.0f} us, table {p['table']} "
-            f"{p['fixed_us'][p['table']]:.0f} us; choice within 3% from call "
+            f"{p['fixed_typical_us'][p['best']]:.0f} us, table {p['table']} "
+            f"{p['fixed_typical_us'][p['table']]:.0f} us; choice within 3% from call "
             f"{p['settled_after_calls']}; from call {p['from_call']}: adaptive "
             f"{p['adaptive_us']:.0f} us against fixed {min(same.values()):.0f} (best) and "
             f"{p['table_us']:.0f} (table); paired rounds ({p['rounds_judged']}): "

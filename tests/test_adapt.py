@@ -147,11 +147,12 @@ def _slow_one_shot_reader(comm, n_calls, delay):
 
 def test_a_call_that_explores_waits_for_the_peer_still_reading_the_previous_kernel(world):
     # The table says two-shot; one-shot made slow on rank 1 stays explored, not chosen.
-    # Calls 175-177 explore one-shot, call 178 returns to two-shot. Were they agreed
-    # under one signature (algorithm="auto"), call 178 would run ahead on rank 0 and push
-    # into rank 1's two-shot inbox A, which overlaps the one-shot slot rank 1 is still
-    # reading: 512 of its 1024 elements came back wrong in 3 runs of 3 before the fix.
-    res = world(_slow_one_shot_reader, 2, 190, 0.03, env={"COMMLAB_ADAPT": "1"}, timeout=400)
+    # Calls 275-279 explore one-shot (the first run of 5 the 2% budget allows), call 280
+    # returns to two-shot. Were they agreed under one signature (algorithm="auto"), call
+    # 280 would run ahead on rank 0 and push into rank 1's two-shot inbox A, which
+    # overlaps the one-shot slot rank 1 is still reading: 512 of its 1024 elements came
+    # back wrong in 3 runs of 3 before the fix.
+    res = world(_slow_one_shot_reader, 2, 290, 0.03, env={"COMMLAB_ADAPT": "1"}, timeout=400)
     assert [wrong for wrong, _ in res] == [[], []]
     ran = res[0][1]
     assert ran == res[1][1]  # every rank ran the same algorithm on every call
@@ -338,7 +339,7 @@ def test_a_wrong_tables_choice_is_left_right_after_the_probe_not_at_the_periods_
         k.calls = len(k.algorithms) + 1  # the call after the probe: rank 0's first decision
         for i, (a, ns) in enumerate((("one_shot", 900_000), ("two_shot", 3_000_000),
                                      ("ring", ring_ns))):
-            k.samples[a] = deque([(i + 1, i + 1, ns)])
+            k.samples[a] = deque([(i + 1, i + 1, ns, i > 0)])
         return k
 
     k = probed(40_000_000)  # ring's one call took 44x one-shot's
@@ -382,24 +383,37 @@ def test_the_c_dispatchs_budget_ends_where_the_next_pick_would_not_run_current()
 
 def test_a_call_costs_its_cycle_where_the_call_before_it_was_recorded(monkeypatch):
     # the cost rank 0 learns from is the last rank's end to end (what a loop of calls
-    # waits for) when the previous record is the call just before; else the wire time
+    # waits for) when the previous record is the call just before; else the wire time;
+    # a call that changed its key's algorithm is marked (it paid for the change)
     from types import SimpleNamespace
 
     from commlab.collectives import _adapt, _adapt_rules
     from commlab.runtime.records import CallRecord
 
-    def rec(call, entry, end, span=1):
-        return CallRecord("all_reduce", "one_shot", 4096, "float32", call, entry, entry,
+    def rec(call, entry, end, span=1, algorithm="one_shot"):
+        return CallRecord("all_reduce", algorithm, 4096, "float32", call, entry, entry,
                           end, {}, span)
 
     recs = [rec(1, [0, 50], [100, 200], span=2),  # nothing before it: wire 150
             rec(3, [210, 260], [500, 450]),  # right after: 500 - 200 = 300 (wire 240)
-            rec(7, [900, 905], [1000, 990])]  # records 4-6 not fed: wire 95
+            rec(7, [900, 905], [1000, 990]),  # records 4-6 not fed: wire 95
+            rec(8, [1010, 1010], [1100, 1090], algorithm="two_shot"),  # changed: marked
+            rec(9, [1110, 1120], [1300, 1280], algorithm="two_shot")]  # 1300 - 1100
     monkeypatch.setattr(_adapt._records, "collect", lambda comm: recs)
     comm = SimpleNamespace(world_size=2, generation=0)
     key = ("all_reduce", 4096 .bit_length(), "float32", 2, 0)
     k = _adapt_rules.Key(("one_shot", "two_shot"), "one_shot", "one_shot", tag=1)
     comm.adapt = {key: k}
     _adapt.feed(comm)
-    assert [v for _, _, v in k.samples["one_shot"]] == [150, 300, 95]
-    assert comm.adapt_prev == (8, 1000)
+    assert [v[2:] for v in k.samples["one_shot"]] == [(150, False), (300, False), (95, False)]
+    assert [v[2:] for v in k.samples["two_shot"]] == [(100, True), (200, False)]
+    assert comm.adapt_prev == (10, 1300, key, "two_shot")
+
+
+def test_a_typical_cost_is_a_trimmed_mean_so_alternating_calls_count_both():
+    from commlab.collectives import _adapt_rules
+
+    alternating = [1.3, 6.5] * 5  # one-shot's call parity beside a loaded rank
+    assert _adapt_rules.typical(alternating) == pytest.approx(3.9)
+    assert _adapt_rules.typical([4.0] * 9 + [40.0]) == pytest.approx(4.0)  # one spike dropped
+    assert _adapt_rules.typical([1.0, 5.0, 2.0]) == 2.0  # few: the median

@@ -297,17 +297,22 @@ def feed(comm) -> None:
     The cycle sees what the wire leaves out: on a rank that shares its core, the
     scheduler's pauses land outside some algorithms' windows and inside others'."""
     keys = _state(comm)
-    prev = getattr(comm, "adapt_prev", None)  # (next call's record number, its last end)
+    # the last record fed: (next call's record number, its last end, key, algorithm)
+    prev = getattr(comm, "adapt_prev", None)
     for rec in _records.collect(comm):
         end = max(rec.end)
-        cost = end - prev[1] if prev is not None and prev[0] == rec.call else rec.wire_ns
-        prev = (rec.call + rec.span, end)
         key = (rec.op, max(rec.nbytes, 1).bit_length(), rec.dtype, comm.world_size,
                comm.generation)
+        after = prev is not None and prev[0] == rec.call  # the call just before it is known
+        # a call that changed its key's algorithm also paid for the change (a waiting
+        # agreement, the devices' fence, the ranks' pipeline refilling): marked
+        changed = after and prev[2] == key and prev[3] != rec.algorithm
+        cost = end - prev[1] if after else rec.wire_ns
+        prev = (rec.call + rec.span, end, key, rec.algorithm)
         k = keys.get(key)
         if k is not None:
             s = k.samples.setdefault(rec.algorithm, deque(maxlen=_rules.PERIOD))
-            s.append((_rules.calls_of(k), rec.call, max(cost, 1)))
+            s.append((_rules.calls_of(k), rec.call, max(cost, 1), changed))
     comm.adapt_prev = prev
 
 
@@ -325,7 +330,7 @@ def state(comm) -> dict:
     the medians (µs; rank 0) and the changes decided (rank 0)."""
     out = {}
     for key, k in _state(comm).items():
-        med = {a: (statistics.median(w for *_, w in s) / 1e3 if s else None)
+        med = {a: (statistics.median(w for _, _, w, _ in s) / 1e3 if s else None)
                for a, s in k.samples.items()}
         out[key] = {"current": k.current, "table": k.table, "calls": _rules.calls_of(k),
                     "decided": k.decided, "median_us": med, "history": list(k.history)}

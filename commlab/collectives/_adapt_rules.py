@@ -17,8 +17,9 @@ PERIOD = 50  # calls between decisions
 # calls after a new key's probe at which rank 0 may leave `current`: a peer may still be
 # finishing the probe's last call (its record incomplete) at the first
 PROBE_DECISIONS = (1, 3, 6)
-BURST = 4  # calls per algorithm in a burst period
-RUN = 3  # calls of one contender per steady exploration (enough for a median)
+BURST = 5  # calls per algorithm in a burst period (as RUN)
+RUN = 5  # calls of one contender per steady exploration: its first changed algorithm
+#           (a sample only where nothing else is), four to see each call parity twice
 WINDOW = 9  # samples per algorithm in a median
 SWITCH = 0.05  # another algorithm this much faster (median) takes over
 DRIFT = 0.20  # the current algorithm's median moving this much starts a burst
@@ -41,7 +42,7 @@ class Key:
     explored: int = 0  # calls that ran another algorithm than `current` (first period aside)
     decided: int = 0  # rank 0's decisions taken (the others were skipped)
     # rank 0 only: measurements and what they led to
-    samples: dict = field(default_factory=dict)  # algorithm -> deque of (call, record, cost ns)
+    samples: dict = field(default_factory=dict)  # algorithm -> deque of (call, record, cost ns, changed)
     ratio: dict = field(default_factory=dict)  # algorithm -> last median / current's
     chosen_median: float = 0.0  # the current algorithm's median when it was chosen
     excess: float = 0.0  # HOPELESS explorations' time over `current`, in its calls
@@ -61,13 +62,31 @@ def calls_of(k: Key) -> int:
     return k.calls + (k.budget.used if k.budget is not None else 0)
 
 
+def typical(values) -> float:
+    """A call's typical cost among ``values``: the mean of the middle 80% (from 5 values
+    on, at least one dropped at each end), the median of fewer. A throughput: calls
+    that alternate fast and slow (one-shot's call parity beside a loaded rank) cost
+    their mean, where a median would pick one of the two."""
+    v = sorted(values)
+    if len(v) < 5:
+        return statistics.median(v)
+    cut = max(1, len(v) // 10)
+    v = v[cut:-cut]
+    return sum(v) / len(v)
+
+
 def _fresh(k: Key, alg: str) -> list[tuple[int, int]]:
-    """(record number, cost ns) of ``alg``'s samples fed since the previous decision."""
-    return [(r, w) for c, r, w in k.samples.get(alg, ()) if c > k.calls - PERIOD]
+    """(record number, cost ns) of ``alg``'s samples fed since the previous decision;
+    the calls that changed algorithm (which also paid for the change) only where there
+    is nothing else (a new key's probe: one call each)."""
+    fresh = [(r, w, changed) for c, r, w, changed in k.samples.get(alg, ())
+             if c > k.calls - PERIOD]
+    steady = [(r, w) for r, w, changed in fresh if not changed]
+    return steady or [(r, w) for r, w, _ in fresh]
 
 
 def _median(k: Key, alg: str, near: list[int] | None = None) -> float | None:
-    """The median cost of ``alg``'s fresh samples: the last WINDOW, or those within
+    """The typical cost of ``alg``'s fresh samples: the last WINDOW, or those within
     WINDOW records of the record numbers ``near`` (a contender's: paired in time)."""
     fresh = _fresh(k, alg)
     if near:
@@ -75,7 +94,7 @@ def _median(k: Key, alg: str, near: list[int] | None = None) -> float | None:
         fresh = [(r, w) for r, w in fresh if lo <= r <= hi]
     else:
         fresh = fresh[-WINDOW:]
-    return statistics.median(w for _, w in fresh) if len(fresh) >= 3 else None
+    return typical(w for _, w in fresh) if len(fresh) >= 3 else None
 
 
 def judge(k: Key) -> tuple[str, bool, str]:
@@ -90,7 +109,7 @@ def judge(k: Key) -> tuple[str, bool, str]:
         s = _fresh(k, a)
         if a == k.current or not s:
             continue
-        t = statistics.median(w for _, w in s)
+        t = typical(w for _, w in s)
         base = _median(k, k.current, near=[r for r, _ in s]) or cur
         k.ratio[a] = t / base
         evidence = (f"{len(s)} calls: {t / 1e3:.0f} us against {base / 1e3:.0f} beside them, "
@@ -126,7 +145,7 @@ def after_probe(k: Key) -> tuple[str, bool, str]:
     """(current, burst, why) right after a new key's probe (rank 0): the fastest probed
     algorithm when `current`'s one call took HOPELESS**2 times as long (no burst: the
     period's end brings it)."""
-    one = {a: statistics.median(w for _, w in s) for a in k.algorithms if (s := _fresh(k, a))}
+    one = {a: typical(w for _, w in s) for a in k.algorithms if (s := _fresh(k, a))}
     best = min(one, key=one.__getitem__, default=k.current)
     if k.current not in one or one[best] * HOPELESS ** 2 > one[k.current]:
         return k.current, False, ""
