@@ -303,11 +303,12 @@ def feed(comm) -> None:
         end = max(rec.end)
         key = (rec.op, max(rec.nbytes, 1).bit_length(), rec.dtype, comm.world_size,
                comm.generation)
-        after = prev is not None and prev[0] == rec.call  # the call just before it is known
-        # a call that changed its key's algorithm also paid for the change (a waiting
-        # agreement, the devices' fence, the ranks' pipeline refilling): marked
-        changed = after and prev[2] == key and prev[3] != rec.algorithm
-        cost = end - prev[1] if after else rec.wire_ns
+        cost, changed = rec.wire_ns, False
+        if prev is not None and prev[0] == rec.call:  # the call just before it is known
+            cost = end - prev[1]
+            # a call that changed its key's algorithm also paid for the change (a waiting
+            # agreement, the devices' fence, the ranks' pipeline refilling): marked
+            changed = prev[2] == key and prev[3] != rec.algorithm
         prev = (rec.call + rec.span, end, key, rec.algorithm)
         k = keys.get(key)
         if k is not None:
