@@ -293,7 +293,8 @@ def _decode(v: int) -> tuple[int, int, int, int, int]:
 def feed(comm) -> None:
     """Give every key the cost of its calls recorded since the last feed: the cycle (the
     last rank's end of the previous call to its end of this one: what a loop of calls
-    waits for) where the previous call's record came just before, else the wire time.
+    waits for) where the previous call's record came just before and ran the same
+    algorithm, else the wire time.
     The cycle sees what the wire leaves out: on a rank that shares its core, the
     scheduler's pauses land outside some algorithms' windows and inside others'."""
     keys = _state(comm)
@@ -305,10 +306,13 @@ def feed(comm) -> None:
                comm.generation)
         cost, changed = rec.wire_ns, False
         if prev is not None and prev[0] == rec.call:  # the call just before it is known
-            cost = end - prev[1]
             # a call that changed its key's algorithm also paid for the change (a waiting
-            # agreement, the devices' fence, the ranks' pipeline refilling): marked
+            # agreement, the devices' fence, the ranks' pipeline refilling): marked, and
+            # its wire time, which leaves the agreement out (a new key's probe compares
+            # one such call of each algorithm)
             changed = prev[2] == key and prev[3] != rec.algorithm
+            if not changed:
+                cost = end - prev[1]
         prev = (rec.call + rec.span, end, key, rec.algorithm)
         k = keys.get(key)
         if k is not None:
