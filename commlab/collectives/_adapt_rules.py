@@ -26,6 +26,8 @@ DRIFT = 0.20  # the current algorithm's median moving this much starts a burst
 HOPELESS = 2.0  # slower than the current by this factor: explored on the time budget
 EXPLORE = 0.02  # exploring calls per call (a key's first period aside); also the
 #                 time budget of HOPELESS algorithms, in calls of the current one
+EXPLORE_TIME = 0.01  # the other steady explorations' time over `current`, per call
+SWITCH_COST = 1.0  # a change of algorithm (a waiting agreement), in calls of `current`
 
 
 @dataclass
@@ -46,6 +48,7 @@ class Key:
     ratio: dict = field(default_factory=dict)  # algorithm -> last median / current's
     chosen_median: float = 0.0  # the current algorithm's median when it was chosen
     excess: float = 0.0  # HOPELESS explorations' time over `current`, in its calls
+    near: float = 0.0  # the other steady explorations' time over it (changes included)
     rounds: int = 0  # steady explorations scheduled (which contender is next)
     deferred: bool = False  # a drift's burst waits until the budget allows it
     history: list = field(default_factory=list)  # (call, algorithm, why) decisions
@@ -163,16 +166,26 @@ def burst_for(k: Key, cur: str) -> tuple[str, ...]:
 
 def contender(k: Key, cur: str) -> str:
     """The contender the next period's run measures, "" for none: within the budget of
-    calls, and a HOPELESS one only within the budget of time."""
+    calls (EXPLORE), and of time: a HOPELESS one within EXPLORE of the key's time, the
+    others within EXPLORE_TIME (the run's calls over `current`'s as last measured, and
+    the two changes of algorithm), so that a key holding the best algorithm pays about
+    1% for watching the others."""
     if k.explored + RUN > EXPLORE * (k.calls + PERIOD // 2):
         return ""
     others = [a for a in k.algorithms if a != cur]
     for i in range(len(others)):
         a = others[(k.rounds + i) % len(others)]
-        over = RUN * (k.ratio.get(a, 1.0) - 1)
-        if k.ratio.get(a, 1.0) <= HOPELESS or k.excess + over <= EXPLORE * k.calls:
-            k.rounds += i + 1
-            if k.ratio.get(a, 1.0) > HOPELESS:
-                k.excess += over
-            return a
+        r = k.ratio.get(a, 1.0)
+        if r > HOPELESS:  # on its own budget: EXPLORE of the key's time
+            over = RUN * (r - 1)
+            if k.excess + over > EXPLORE * k.calls:
+                continue
+            k.excess += over
+        else:
+            over = RUN * max(r - 1, 0.0) + 2 * SWITCH_COST
+            if k.near + over > EXPLORE_TIME * k.calls:
+                continue
+            k.near += over
+        k.rounds += i + 1
+        return a
     return ""
