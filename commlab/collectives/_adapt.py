@@ -9,22 +9,22 @@ Per key (op, size bucket = a power of two, dtype, world size, world generation):
       must not run for the rest of the period); then `current`; the
       next period measures `current` and the contenders the probe found within
       HOPELESS**2 of it (one call each is a rough guide), BURST calls each (a burst)
-    every PERIOD-th call: rank 0 decides from the call records (cycle time, median of
-      each algorithm's samples since the previous decision):
+    every PERIOD-th call: rank 0 decides from the call records (``feed``: cycle or wire
+      time; ``typical`` cost of each algorithm's samples since the previous decision):
         another algorithm >= SWITCH faster than     -> it becomes `current`
           `current`'s calls next to its own and
           `current`'s last WINDOW calls
-        `current`'s median moved > DRIFT            -> a burst period (BURST calls of
+        `current`'s cost moved > DRIFT              -> a burst period (BURST calls of
                                                        `current` and its contenders)
-        else, within the EXPLORE budget             -> RUN calls of one contender in
+        else, within the budgets below              -> RUN calls of one contender in
                                                        the middle of the next period
     all other calls: `current`
 
-Budget: beyond a key's first period at most EXPLORE (2%) of its calls explore, and an
+Budget: beyond a key's first period at most EXPLORE (2%) of its calls explore; an
 algorithm measured HOPELESS times slower than `current` only while the time its calls
 cost over `current`'s stays within EXPLORE of the key's calls (a ring call can cost 100
-others). A run of RUN calls pays two algorithm changes (each a waiting agreement) for
-RUN samples.
+others), any other only while its runs' time over `current`'s, the two algorithm changes
+of each run included (SWITCH_COST), stays within EXPLORE_TIME (1%).
 
 No agreement of its own: rank 0 writes its decision at call c (note word d % NOTES of
 its control block for the d-th decision point, tagged with the key and c, before it

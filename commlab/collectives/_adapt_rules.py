@@ -1,7 +1,7 @@
 """Online selection's rules for one key: its constants, its state, and rank 0's judgement.
 
 ``_adapt`` runs the protocol (the picks, the note, the C dispatch's budget); this module
-holds what a key is and how rank 0 reads its samples: the median cost of each
+holds what a key is and how rank 0 reads its samples: the typical cost of each
 algorithm since the previous decision, a contender compared with the current
 algorithm's calls next to its own, the burst and exploration plans (``_adapt``'s
 docstring gives the schedule they fill).
@@ -20,9 +20,9 @@ PROBE_DECISIONS = (1, 3, 6)
 BURST = 5  # calls per algorithm in a burst period (as RUN)
 RUN = 5  # calls of one contender per steady exploration: its first changed algorithm
 #           (a sample only where nothing else is), four to see each call parity twice
-WINDOW = 9  # samples per algorithm in a median
-SWITCH = 0.05  # another algorithm this much faster (median) takes over
-DRIFT = 0.20  # the current algorithm's median moving this much starts a burst
+WINDOW = 9  # samples per algorithm in a typical cost (``typical``)
+SWITCH = 0.05  # another algorithm this much faster (typical cost) takes over
+DRIFT = 0.20  # the current algorithm's typical cost moving this much starts a burst
 HOPELESS = 2.0  # slower than the current by this factor: explored on the time budget
 EXPLORE = 0.02  # exploring calls per call (a key's first period aside); also the
 #                 time budget of HOPELESS algorithms, in calls of the current one
@@ -45,8 +45,8 @@ class Key:
     decided: int = 0  # rank 0's decisions taken (the others were skipped)
     # rank 0 only: measurements and what they led to
     samples: dict = field(default_factory=dict)  # algorithm -> deque of (call, record, cost ns, changed)
-    ratio: dict = field(default_factory=dict)  # algorithm -> last median / current's
-    chosen_median: float = 0.0  # the current algorithm's median when it was chosen
+    ratio: dict = field(default_factory=dict)  # algorithm -> last cost / current's
+    chosen_median: float = 0.0  # the current algorithm's cost when it was chosen
     excess: float = 0.0  # HOPELESS explorations' time over `current`, in its calls
     near: float = 0.0  # the other steady explorations' time over it (changes included)
     rounds: int = 0  # steady explorations scheduled (which contender is next)
