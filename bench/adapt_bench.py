@@ -133,7 +133,6 @@ def _time_calls(comm, x, algorithm: str, n: int, cuda: bool) -> tuple[list[float
 def _rank(comm, phases, fixed: int, calls: int, block: int, backend: str):
     import commlab
     from commlab.collectives import _adapt, _adapt_rules, _select
-    from commlab.runtime import records
 
     cuda = backend == "cuda"
     out = []
@@ -165,7 +164,7 @@ def _rank(comm, phases, fixed: int, calls: int, block: int, backend: str):
                 for what in order:
                     commlab.barrier()  # every rank's calls ended: their records complete
                     if what == "auto":
-                        records.collect(comm)  # the fixed calls' records are not its to learn
+                        _adapt.skip(comm)  # the fixed calls' records are not its to learn
                         t, c, w = _time_calls(comm, x, "auto", min(block, calls - len(times)),
                                               cuda)
                         times, chosen, ran = times + t, chosen + c, ran + w

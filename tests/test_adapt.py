@@ -403,7 +403,7 @@ def test_a_call_costs_its_cycle_where_the_call_before_it_was_recorded(monkeypatc
             rec(7, [900, 905], [1000, 990]),  # records 4-6 not fed: wire 95
             rec(8, [1010, 1020], [1100, 1090], algorithm="two_shot"),  # changed: its wire
             rec(9, [1110, 1120], [1300, 1280], algorithm="two_shot")]  # 1300 - 1100
-    monkeypatch.setattr(_adapt._records, "collect", lambda comm: recs)
+    monkeypatch.setattr(_adapt, "_unread", lambda comm: recs)
     comm = SimpleNamespace(world_size=2, generation=0)
     key = ("all_reduce", 4096 .bit_length(), "float32", 2, 0)
     k = _adapt_rules.Key(("one_shot", "two_shot"), "one_shot", "one_shot", tag=1)
@@ -421,3 +421,23 @@ def test_a_typical_cost_is_a_trimmed_mean_so_alternating_calls_count_both():
     assert _adapt_rules.typical(alternating) == pytest.approx(3.9)
     assert _adapt_rules.typical([4.0] * 9 + [40.0]) == pytest.approx(4.0)  # one spike dropped
     assert _adapt_rules.typical([1.0, 5.0, 2.0]) == 2.0  # few: the median
+
+
+def _watched(comm, n_calls):
+    from commlab.collectives import _adapt
+    from commlab.runtime import records
+
+    x = torch.ones(1024)
+    for _ in range(n_calls):
+        commlab.all_reduce(x)
+        records.collect(comm)  # as %dist_watch's poll does, from its thread, on CPU
+    commlab.synchronize()
+    st = _adapt.state(comm)[_adapt.key_for(comm, "all_reduce", x)]
+    return {a: m is not None for a, m in st["median_us"].items()}
+
+
+def test_a_reader_that_collects_the_records_takes_none_from_online_selection(world):
+    # feed reads the book past its own cursor: before, each collect() handed the new
+    # records to whoever called it, and rank 0 learnt nothing while %dist_watch polled
+    res = world(_watched, 2, 60, env={"COMMLAB_ADAPT": "1"}, timeout=300)
+    assert res[0] and all(res[0].values()), res[0]  # rank 0 measured every algorithm

@@ -296,11 +296,13 @@ def feed(comm) -> None:
     waits for) where the previous call's record came just before and ran the same
     algorithm, else the wire time.
     The cycle sees what the wire leaves out: on a rank that shares its core, the
-    scheduler's pauses land outside some algorithms' windows and inside others'."""
+    scheduler's pauses land outside some algorithms' windows and inside others'.
+    Reads the book's records past its own cursor, so a reader that collects them too
+    (``%dist_watch``, ``records.recent``) takes none away."""
     keys = _state(comm)
     # the last record fed: (next call's record number, its last end, key, algorithm)
     prev = getattr(comm, "adapt_prev", None)
-    for rec in _records.collect(comm):
+    for rec in _unread(comm):
         end = max(rec.end)
         key = (rec.op, max(rec.nbytes, 1).bit_length(), rec.dtype, comm.world_size,
                comm.generation)
@@ -319,6 +321,24 @@ def feed(comm) -> None:
             s = k.samples.setdefault(rec.algorithm, deque(maxlen=_rules.PERIOD))
             s.append((_rules.calls_of(k), rec.call, max(cost, 1), changed))
     comm.adapt_prev = prev
+
+
+def _unread(comm) -> list:
+    """The call records collected since ``feed`` (or ``skip``) last read them."""
+    book = _records.book(comm)
+    if book is None:
+        return []
+    book.collect()
+    mark = getattr(comm, "adapt_read", None)  # (book, records read): a new book starts over
+    new = book.since(mark[1] if mark is not None and mark[0] is book else 0, book.KEEP)
+    comm.adapt_read = (book, book.seen)
+    return new
+
+
+def skip(comm) -> None:
+    """Leave the records collected so far unread by online selection (a benchmark's
+    fixed-algorithm calls, which are not the adaptive key's to learn from)."""
+    _unread(comm)
 
 
 def _frozen(key: tuple, k: _rules.Key | None) -> str | None:
