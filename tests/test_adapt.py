@@ -387,8 +387,8 @@ def test_the_c_dispatchs_budget_ends_where_the_next_pick_would_not_run_current()
 def test_a_call_costs_its_cycle_where_the_call_before_it_was_recorded(monkeypatch):
     # the cost rank 0 learns from is the last rank's end to end (what a loop of calls
     # waits for) when the previous record is the call just before; else the wire time;
-    # a call that changed its key's algorithm is marked and costs its wire time (it also
-    # paid for the change)
+    # a call that changed its key's algorithm costs its wire time (it also paid for the
+    # change); it and the call after it are marked unsettled
     from types import SimpleNamespace
 
     from commlab.collectives import _adapt, _adapt_rules
@@ -402,7 +402,8 @@ def test_a_call_costs_its_cycle_where_the_call_before_it_was_recorded(monkeypatc
             rec(3, [210, 260], [500, 450]),  # right after: 500 - 200 = 300 (wire 240)
             rec(7, [900, 905], [1000, 990]),  # records 4-6 not fed: wire 95
             rec(8, [1010, 1020], [1100, 1090], algorithm="two_shot"),  # changed: its wire
-            rec(9, [1110, 1120], [1300, 1280], algorithm="two_shot")]  # 1300 - 1100
+            rec(9, [1110, 1120], [1300, 1280], algorithm="two_shot"),  # 1300 - 1100
+            rec(10, [1310, 1310], [1450, 1440], algorithm="two_shot")]  # settled: 150
     monkeypatch.setattr(_adapt, "_unread", lambda comm: recs)
     comm = SimpleNamespace(world_size=2, generation=0)
     key = ("all_reduce", 4096 .bit_length(), "float32", 2, 0)
@@ -410,8 +411,9 @@ def test_a_call_costs_its_cycle_where_the_call_before_it_was_recorded(monkeypatc
     comm.adapt = {key: k}
     _adapt.feed(comm)
     assert [v[2:] for v in k.samples["one_shot"]] == [(150, False), (300, False), (95, False)]
-    assert [v[2:] for v in k.samples["two_shot"]] == [(80, True), (200, False)]
-    assert comm.adapt_prev == (10, 1300, key, "two_shot")
+    # the change and the call after it are unsettled (SETTLE = 2)
+    assert [v[2:] for v in k.samples["two_shot"]] == [(80, True), (200, True), (150, False)]
+    assert comm.adapt_prev == (11, 1450, key, "two_shot", 2)
 
 
 def test_a_typical_cost_is_a_trimmed_mean_so_alternating_calls_count_both():

@@ -294,32 +294,35 @@ def feed(comm) -> None:
     """Give every key the cost of its calls recorded since the last feed: the cycle (the
     last rank's end of the previous call to its end of this one: what a loop of calls
     waits for) where the previous call's record came just before and ran the same
-    algorithm, else the wire time.
+    algorithm, else the wire time; the SETTLE calls from a change of algorithm on are
+    marked unsettled (used only where nothing else is).
     The cycle sees what the wire leaves out: on a rank that shares its core, the
     scheduler's pauses land outside some algorithms' windows and inside others'.
     Reads the book's records past its own cursor, so a reader that collects them too
     (``%dist_watch``, ``records.recent``) takes none away."""
     keys = _state(comm)
-    # the last record fed: (next call's record number, its last end, key, algorithm)
+    # the last record fed: (next call's record number, its last end, key, algorithm,
+    # calls of that algorithm since the key changed to it)
     prev = getattr(comm, "adapt_prev", None)
     for rec in _unread(comm):
         end = max(rec.end)
         key = (rec.op, max(rec.nbytes, 1).bit_length(), rec.dtype, comm.world_size,
                comm.generation)
-        cost, changed = rec.wire_ns, False
+        cost, since = rec.wire_ns, _rules.SETTLE  # unknown: taken as settled
         if prev is not None and prev[0] == rec.call:  # the call just before it is known
-            # a call that changed its key's algorithm also paid for the change (a waiting
-            # agreement, the devices' fence, the ranks' pipeline refilling): marked, and
-            # its wire time, which leaves the agreement out (a new key's probe compares
-            # one such call of each algorithm)
-            changed = prev[2] == key and prev[3] != rec.algorithm
-            if not changed:
+            if prev[2] == key and prev[3] != rec.algorithm:
+                # it changed its key's algorithm and paid for the change (a waiting
+                # agreement, the devices' fence): its wire time, which leaves the
+                # agreement out (a new key's probe compares one such call of each)
+                since = 0
+            else:
                 cost = end - prev[1]
-        prev = (rec.call + rec.span, end, key, rec.algorithm)
+                since = prev[4] + 1 if prev[2] == key else _rules.SETTLE
+        prev = (rec.call + rec.span, end, key, rec.algorithm, since)
         k = keys.get(key)
-        if k is not None:
+        if k is not None:  # the change and the calls right after it are marked unsettled
             s = k.samples.setdefault(rec.algorithm, deque(maxlen=_rules.PERIOD))
-            s.append((_rules.calls_of(k), rec.call, max(cost, 1), changed))
+            s.append((_rules.calls_of(k), rec.call, max(cost, 1), since < _rules.SETTLE))
     comm.adapt_prev = prev
 
 

@@ -18,8 +18,10 @@ PERIOD = 50  # calls between decisions
 # finishing the probe's last call (its record incomplete) at the first
 PROBE_DECISIONS = (1, 3, 6)
 BURST = 5  # calls per algorithm in a burst period (as RUN)
-RUN = 5  # calls of one contender per steady exploration: its first changed algorithm
-#           (a sample only where nothing else is), four to see each call parity twice
+RUN = 5  # calls of one contender per steady exploration: SETTLE unsettled, then three
+SETTLE = 2  # calls from a change of algorithm on that still pay for it (the change's
+#             waiting agreement, then the ranks' pipeline refilling: on 4 CPU ranks a
+#             contender's second call after the change took ~10% over its steady ones)
 WINDOW = 9  # samples per algorithm in a typical cost (``typical``)
 SWITCH = 0.05  # another algorithm this much faster (typical cost) takes over
 DRIFT = 0.20  # the current algorithm's typical cost moving this much starts a burst
@@ -44,7 +46,7 @@ class Key:
     explored: int = 0  # calls that ran another algorithm than `current` (first period aside)
     decided: int = 0  # rank 0's decisions taken (the others were skipped)
     # rank 0 only: measurements and what they led to
-    samples: dict = field(default_factory=dict)  # algorithm -> deque of (call, record, cost ns, changed)
+    samples: dict = field(default_factory=dict)  # algorithm -> deque of (call, record, cost ns, unsettled)
     ratio: dict = field(default_factory=dict)  # algorithm -> last cost / current's
     chosen_median: float = 0.0  # the current algorithm's cost when it was chosen
     excess: float = 0.0  # HOPELESS explorations' time over `current`, in its calls
@@ -80,11 +82,11 @@ def typical(values) -> float:
 
 def _fresh(k: Key, alg: str) -> list[tuple[int, int]]:
     """(record number, cost ns) of ``alg``'s samples fed since the previous decision;
-    the calls that changed algorithm (which also paid for the change) only where there
-    is nothing else (a new key's probe: one call each)."""
-    fresh = [(r, w, changed) for c, r, w, changed in k.samples.get(alg, ())
+    the unsettled ones (a change of algorithm and the call after it, which still pay for
+    it) only where there is nothing else (a new key's probe: one call each)."""
+    fresh = [(r, w, unsettled) for c, r, w, unsettled in k.samples.get(alg, ())
              if c > k.calls - PERIOD]
-    steady = [(r, w) for r, w, changed in fresh if not changed]
+    steady = [(r, w) for r, w, unsettled in fresh if not unsettled]
     return steady or [(r, w) for r, w, _ in fresh]
 
 
