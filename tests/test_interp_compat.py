@@ -33,6 +33,28 @@ def _count_up(n_ptr, out_ptr):
 
 
 def test_a_kernel_loops_up_to_a_loaded_count():
+    # fails on Triton 3.6 without compat (its int(handle.data) under numpy 2); 3.9 squeezes
     n, out = torch.tensor([5], dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
     _count_up[(1,)](n, out)
     assert int(out[0]) == 1 + 2 + 3 + 4
+
+
+def test_every_launch_patches_index_with_the_one_element_rule():
+    # the kernel test above cannot fail on a Triton whose interpreter squeezes itself
+    # (3.9); this one fails on any release if compat is not what a launch installs
+    import triton.runtime.interpreter as ti
+
+    class Scope:
+        def __init__(self):
+            self.set = {}
+
+        def set_attr(self, obj, name, value):
+            self.set[name] = value
+            setattr(obj, name, value)
+
+    class Tensor:  # a stand-in class the scope patches (later patches read earlier ones)
+        pass
+
+    scope = Scope()
+    ti._patch_lang_tensor(Tensor, scope)
+    assert scope.set.get("__index__") is compat._index

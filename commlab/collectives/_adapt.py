@@ -205,11 +205,15 @@ def _next(comm, note: _Note, key: tuple, k: _rules.Key) -> str:
                         _decide(comm, note, k, word) if comm.rank == 0 else None)
     elif k.burst and slot <= k.per * len(k.burst):
         alg = k.burst[(slot - 1) // k.per]
-    elif k.explore and _rules.explore_slots()[0] <= slot <= _rules.explore_slots()[1]:
+    elif k.explore and _in(slot, _rules.explore_slots()):
         alg = k.explore
     if alg != k.current and k.calls > 2 * _rules.PERIOD:  # the first two periods learn
         k.explored += 1
     return alg
+
+
+def _in(slot: int, span: tuple[int, int]) -> bool:
+    return span[0] <= slot <= span[1]
 
 
 def _quiet(k: _rules.Key) -> int:

@@ -77,7 +77,7 @@ def run(coll: Collective, x, algorithm: str = "auto", *params, out=None) -> torc
         if not (fence or coll.capture_choice and capturing_auto(comm, algorithm)):
             # an online pick's call form goes to the C dispatch only with its key's budget
             y = fast_call(comm, key, x, out, dispatch=not adapting or budget is not None,
-                          budget=budget if adapting else None)
+                          budget=budget)
             if y is not None:
                 return y
     fields = dict(zip(coll.params, params, strict=True))

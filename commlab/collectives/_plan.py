@@ -86,8 +86,7 @@ def fast_call(comm, key: tuple, x, out=None, dispatch: bool = True,
         return None
     if plan is None or not x.is_contiguous():
         return None
-    served = plan.entry if dispatch else None
-    _SERVED.append((served, budget) if budget is not None and served is not None else served)
+    _SERVED.append((plan.entry if dispatch else None, budget))
     if plan.entry is not None:  # the steady state in C; None: anything else, below
         y = plan.entry(x, out)
         if y is not None:

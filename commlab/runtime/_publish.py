@@ -38,9 +38,9 @@ def local_error_text(fn: Callable, e: Exception) -> str:
     return text
 
 
-# the C entries of the plans that served the calls made inside the outermost public
-# call (None for a call no plan served; (entry, budget) for an online pick's, which the
-# dispatch serves only as its budget grants); the collectives' host path appends to it
+# per call made inside the outermost public call, (the C entry of the plan that served
+# it or None, the online pick's budget or None: the dispatch then serves only the calls
+# it grants); the collectives' host path appends to it
 SERVED: list = []
 _DEPTH = [0]
 
@@ -94,13 +94,12 @@ def published(current: Callable[[], Any]) -> Callable[..., Callable[[F], F]]:
                 finally:
                     _DEPTH[0] -= 1
                     if not outer:  # a call inside another (across hosts: the host's own
-                        SERVED.append(None)  # collective): the outer one is not one plan
-                if dispatch and outer and len(SERVED) == 1 and SERVED[0] is not None:
+                        SERVED.append((None, None))  # collective): not one plan
+                if dispatch and outer and len(SERVED) == 1 and SERVED[0][0] is not None:
                     if d is None:
                         d = fast[0] = _native.dispatch(out) or False
                     if d:
-                        s = SERVED[0]
-                        d.remember(args, kwargs, *(s if type(s) is tuple else (s,)))
+                        d.remember(args, kwargs, *SERVED[0])
                 return y
 
             return call  # type: ignore[return-value]
