@@ -30,8 +30,8 @@ def install() -> None:
     memory.install()  # every load, store and atomic through one hookable function each
     fastcall.install()
     observe.install()  # launch and program hooks (racecheck), outside fastcall's launch
-    fastmem.install()  # symbolic index blocks, slice-copy loads and stores
-    compat.install()  # last: it wraps whichever tensor patches fastmem left
+    compat.install()  # before fastmem, which takes it for the stock patches (and keeps
+    fastmem.install()  # it when it puts them back); symbolic blocks, slice copies
 
 
 __all__ = ["decide", "install", "interpreting"]

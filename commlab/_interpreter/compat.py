@@ -18,8 +18,8 @@ def _index(self) -> int:
 
 
 def install() -> None:
-    """Wrap the interpreter's per-launch tensor patches, whichever are installed (after
-    ``fastmem``, whose uninstall puts Triton's own back: call this again then)."""
+    """Wrap the interpreter's per-launch tensor patches; before ``fastmem``, which then
+    takes this wrapper for Triton's own (its patch calls it, its uninstall restores it)."""
     import triton.runtime.interpreter as ti
 
     if getattr(ti._patch_lang_tensor, "_commlab_compat", False):
