@@ -16,7 +16,8 @@
 #   adaptb   bench/adapt_bench.py --backend cuda --ranks 2 (online selection while
 #            conditions change, issue 30 item 3)
 #   adaptc   bench/adapt_bench.py --backend cpu --ranks 4 on this host's quiet cores (the CPU
-#            world of issue 30 item 3, judged where the cores outnumber the ranks)
+#            world of issue 30 item 3, judged where the cores outnumber the ranks);
+#            ADAPTC_RUNS=N runs it N times (-r1..-rN: one run is one draw of a wide spread)
 #   native   bench/probes/gpu_eager_breakdown.py with the C twin on and off (COMMLAB_NATIVE
 #            1 / 0: where an eager call's host microseconds go), then the shared-GPU suite on
 #            2 ranks with it on (what must pass before COMMLAB_NATIVE's default includes GPUs)
@@ -78,9 +79,12 @@ step abort "a rank lost while the others spin" 120 $PY bench/checks/gpu_elastic_
   --ranks 2 --out "$OUTDIR/gpu-elastic-abort-w2.json"
 step adaptb "online selection while conditions change, 2 ranks" 200 $PY bench/adapt_bench.py \
   --backend cuda --ranks 2 --out "$OUTDIR/adapt-cuda-w2.json"
-step adaptc "online selection while conditions change, 4 CPU ranks" 450 env COMMLAB_BACKEND=cpu \
-  OMP_NUM_THREADS=1 $PY bench/adapt_bench.py --backend cpu --ranks 4 \
-  --notes "commit ${COMMLAB_COMMIT:-?}; the device host's $(nproc) cores, nothing else running" \
-  --out "$OUTDIR/adapt-cpu-w4-devicehost.json"
+for i in $(seq 1 "${ADAPTC_RUNS:-1}"); do  # ADAPTC_RUNS=3: three runs, one distribution
+  suffix=$([ "${ADAPTC_RUNS:-1}" -gt 1 ] && echo "-r$i")
+  step adaptc "online selection while conditions change, 4 CPU ranks${suffix}" 450 \
+    env COMMLAB_BACKEND=cpu OMP_NUM_THREADS=1 $PY bench/adapt_bench.py --backend cpu --ranks 4 \
+    --notes "commit ${COMMLAB_COMMIT:-?}; the device host's $(nproc) cores, nothing else running" \
+    --out "$OUTDIR/adapt-cpu-w4-devicehost${suffix}.json"
+done
 echo "gpu_session: $([ $status -eq 0 ] && echo all steps passed || echo SOME STEPS FAILED)"
 exit $status

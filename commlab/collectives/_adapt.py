@@ -305,13 +305,13 @@ def feed(comm) -> None:
     Reads the book's records past its own cursor, so a reader that collects them too
     (``%dist_watch``, ``records.recent``) takes none away."""
     keys = _state(comm)
+    world, generation = comm.world_size, comm.generation
     # the last record fed: (next call's record number, its last end, key, algorithm,
     # calls of that algorithm since the key changed to it)
     prev = getattr(comm, "adapt_prev", None)
     for rec in _unread(comm):
         end = max(rec.end)
-        key = (rec.op, max(rec.nbytes, 1).bit_length(), rec.dtype, comm.world_size,
-               comm.generation)
+        key = (rec.op, max(rec.nbytes, 1).bit_length(), rec.dtype, world, generation)
         cost, since = rec.wire_ns, _rules.SETTLE  # unknown: taken as settled
         if prev is not None and prev[0] == rec.call:  # the call just before it is known
             if prev[2] == key and prev[3] != rec.algorithm:

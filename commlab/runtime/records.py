@@ -135,6 +135,7 @@ class Book:
         self.rank, self.world = comm.rank, comm.world_size
         self.cpu = comm.backend != "cuda"
         self._local = _region(comm)
+        self._words = self._local.numpy() if self.cpu else None  # CPU: the shared words
         self._base = LAUNCHES[0] - self.device_count() if not self.cpu else 0
         self.pending: deque = deque()  # (k0, k1, op, algorithm, nbytes, dtype, meta)
         self.done: deque[CallRecord] = deque(maxlen=self.KEEP)
@@ -149,7 +150,7 @@ class Book:
         """The number of records this rank's kernels have opened once the launches made
         so far run (CPU: read from memory, the interpreter has run them; GPU: counted)."""
         if self.cpu:
-            return int(self._local[0])
+            return int(self._words[0])  # a numpy read: ~0.1 µs, a tensor's ~4 µs a call
         return LAUNCHES[0] - self._base
 
     def device_count(self) -> int:
@@ -232,37 +233,38 @@ class Book:
         rings = self._rings()
         if rings is None:
             return []
+        k_lo = self.pending[0][0] + 1
+        lost, ready, rows = _states(rings, np.arange(k_lo, self.pending[-1][1] + 1))
         out = []
-        ring = rings.tolist()  # per rank a list of ints: a record is read in Python ints
         while self.pending:
             k0, k1, op, alg, nbytes, dtype, meta = self.pending[0]
-            rows = [self._record(ring, k) for k in range(k0 + 1, k1 + 1)]
-            if any(r is False for r in rows):  # overwritten or mismatched: give it up
+            a, b = k0 + 1 - k_lo, k1 + 1 - k_lo
+            if any(lost[a:b]):  # overwritten or mismatched: give it up
                 self.pending.popleft()
                 continue
-            if any(r is None for r in rows):  # not finished yet on some rank
+            if not all(ready[a:b]):  # not finished yet on some rank
                 break
             self.pending.popleft()
-            first, last = rows[0], rows[-1]
-            rec = CallRecord(op, alg, nbytes, dtype, k0 + 1, [r[0] for r in first],
-                             [r[1] for r in first], [r[2] for r in last], meta, k1 - k0)
+            first, last = rows[a], rows[b - 1]
+            rec = CallRecord(op, alg, nbytes, dtype, k0 + 1, first[0], first[1], last[2],
+                             meta, k1 - k0)
             out.append(rec)
             self.done.append(rec)
             self.seen += 1
         return out
 
-    @staticmethod
-    def _record(ring: list[list[int]], k: int):
-        """[W, (entry, arrived, end)] of record k; None: not complete; False: lost.
-        (Python ints: numpy's per-call cost on [W, 4] made a collect of 50 records take
-        ~9 ms of rank 0's CPU, every online selection decision.)"""
-        at = _RING_AT + _REC * ((k - 1) % RECORD_RING)
-        rows = [r[at:at + _REC] for r in ring]
-        if any(row[0] > k or r[0] - k >= RECORD_RING for row, r in zip(rows, ring, strict=True)):
-            return False  # the ring went round: this call's record is gone
-        if any(row[0] < k or row[3] == 0 for row in rows):
-            return None
-        return [row[1:4] for row in rows]
+
+def _states(rings: np.ndarray, ks: np.ndarray) -> tuple[list, list, list]:
+    """For records ``ks`` of ``rings`` [W, words]: whether each is lost (the ring went
+    round: its slot holds a later call's), whether every rank completed it, and its
+    stamps as [record][entry, arrived, end][rank] in Python ints. One numpy pass over the
+    pending records only: converting the whole ring and reading it record by record cost
+    ~0.35 ms of rank 0's CPU at every online selection decision (4 CPU ranks)."""
+    at = _RING_AT + _REC * ((ks - 1) % RECORD_RING)
+    rows = rings[:, at[:, None] + np.arange(_REC)]  # [W, n, (call, entry, arrived, end)]
+    lost = ((rows[:, :, 0] > ks) | (rings[:, :1] - ks >= RECORD_RING)).any(axis=0)
+    ready = ((rows[:, :, 0] == ks) & (rows[:, :, 3] != 0)).all(axis=0)
+    return lost.tolist(), ready.tolist(), rows[:, :, 1:].transpose(1, 2, 0).tolist()
 
 
 def book(comm) -> Book | None:
