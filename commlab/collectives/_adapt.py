@@ -22,9 +22,12 @@ Per key (op, size bucket = a power of two, dtype, world size, world generation):
 
 Budget: beyond a key's first period at most EXPLORE (2%) of its calls explore; an
 algorithm measured HOPELESS times slower than `current` only while the time its calls
-cost over `current`'s stays within EXPLORE of the key's calls (a ring call can cost 100
-others), any other only while its runs' time over `current`'s, the two algorithm changes
-of each run included (SWITCH_COST), stays within EXPLORE_TIME (1%).
+cost over `current`'s stays within HOPELESS_TIME (0.5%) of the key's calls (a ring call
+can cost 100 others), any other only while its runs' time over `current`'s, the two
+algorithm changes of each run included (SWITCH_COST), stays within EXPLORE_TIME (0.5%).
+A settled key's decision points alternate: rank 0 leaves out every other one that
+follows a period without a burst or an exploration (``may_skip``: a decision costs
+rank 0's Python, on CPU on every rank's critical path).
 
 No agreement of its own: rank 0 writes its decision at call c (note word d % NOTES of
 its control block for the d-th decision point, tagged with the key and c, before it
@@ -264,9 +267,13 @@ def _decide(comm, note: _Note, k: _rules.Key, word: int) -> tuple | None:
     """Rank 0: the next period's plan (current, explore, burst), written in note word
     ``word`` (None: a peer has not read what it holds yet; decide at the next period)."""
     ctl = comm.control
+    if _rules.may_skip(k):  # a settled key: judged every other period
+        k.skipped = True
+        return None
     seen = note.read_at[word]
     if seen and not all(ctl.published(r, seen) for r in ctl.peers):
         return None
+    k.skipped = False
     feed(comm)
     cur, burst, why = _rules.judge(k) if k.calls % _rules.PERIOD == 0 else _rules.after_probe(k)
     if why:

@@ -17,8 +17,12 @@ PERIOD = 50  # calls between decisions
 # calls after a new key's probe at which rank 0 may leave `current`: a peer may still be
 # finishing the probe's last call (its record incomplete) at the first
 PROBE_DECISIONS = (1, 3, 6)
-BURST = 5  # calls per algorithm in a burst period (as RUN)
-RUN = 5  # calls of one contender per steady exploration: SETTLE unsettled, then three
+BURST = 6  # calls per algorithm in a burst period (as RUN)
+# calls of one contender per steady exploration: SETTLE unsettled, then four: an even
+# number, as calls may alternate fast and slow (one-shot's parity beside a loaded rank:
+# 1.4 and 6.5 ms), and three settled calls read the slow mode twice whenever the change
+# started them on it, which judged one-shot 1.6x slower than two-shot burst after burst
+RUN = 6
 SETTLE = 2  # calls from a change of algorithm on that still pay for it (the change's
 #             waiting agreement, then the ranks' pipeline refilling: on 4 CPU ranks a
 #             contender's second call after the change took ~10% over its steady ones)
@@ -26,9 +30,11 @@ WINDOW = 9  # samples per algorithm in a typical cost (``typical``)
 SWITCH = 0.05  # another algorithm this much faster (typical cost) takes over
 DRIFT = 0.20  # the current algorithm's typical cost moving this much starts a burst
 HOPELESS = 2.0  # slower than the current by this factor: explored on the time budget
-EXPLORE = 0.02  # exploring calls per call (a key's first period aside); also the
-#                 time budget of HOPELESS algorithms, in calls of the current one
-EXPLORE_TIME = 0.01  # the other steady explorations' time over `current`, per call
+EXPLORE = 0.02  # exploring calls per call at most (a key's first period aside)
+# steady explorations' time over `current`, per call of the key (in calls of `current`):
+# together 1%, so that a key holding the best algorithm stays within ~1% of it
+HOPELESS_TIME = 0.005  # HOPELESS algorithms' runs
+EXPLORE_TIME = 0.005  # the others' runs, their two changes of algorithm included
 SWITCH_COST = 1.0  # a change of algorithm (a waiting agreement), in calls of `current`
 
 
@@ -53,6 +59,7 @@ class Key:
     near: float = 0.0  # the other steady explorations' time over it (changes included)
     rounds: int = 0  # steady explorations scheduled (which contender is next)
     deferred: bool = False  # a drift's burst waits until the budget allows it
+    skipped: bool = False  # rank 0 left the previous decision point out (``may_skip``)
     history: list = field(default_factory=list)  # (call, algorithm, why) decisions
     budget: Any = None  # _fastcall.Budget: calls the C dispatch serves between picks
 
@@ -166,21 +173,33 @@ def burst_for(k: Key, cur: str) -> tuple[str, ...]:
     return tuple(a for a in k.algorithms if a == cur or k.ratio.get(a, 1.0) <= limit)
 
 
+def may_skip(k: Key) -> bool:
+    """Whether rank 0 may leave out a period's decision (no records read, nothing
+    judged; every rank then keeps the plan without a burst or an exploration): a
+    settled key (past its first two periods) whose ending period ran no burst or
+    exploration, no drift's burst waiting, the previous decision point not left out. A
+    key that holds its algorithm is then judged every other period (on CPU a decision
+    is rank 0's Python on every rank's critical path, ~0.5 ms: 2% of 64 KiB calls at one
+    per period), and a change of the machine still shows as a drift within 2 periods."""
+    return (k.calls > 2 * PERIOD and k.calls % PERIOD == 0 and not k.burst
+            and not k.explore and not k.deferred and not k.skipped)
+
+
 def contender(k: Key, cur: str) -> str:
     """The contender the next period's run measures, "" for none: within the budget of
-    calls (EXPLORE), and of time: a HOPELESS one within EXPLORE of the key's time, the
-    others within EXPLORE_TIME (the run's calls over `current`'s as last measured, and
-    the two changes of algorithm), so that a key holding the best algorithm pays about
-    1% for watching the others."""
+    calls (EXPLORE), and of time: a HOPELESS one within HOPELESS_TIME of the key's time,
+    the others within EXPLORE_TIME (the run's calls over `current`'s as last measured,
+    and the two changes of algorithm), so that a key holding the best algorithm pays
+    about 1% for watching the others."""
     if k.explored + RUN > EXPLORE * (k.calls + PERIOD // 2):
         return ""
     others = [a for a in k.algorithms if a != cur]
     for i in range(len(others)):
         a = others[(k.rounds + i) % len(others)]
         r = k.ratio.get(a, 1.0)
-        if r > HOPELESS:  # on its own budget: EXPLORE of the key's time
+        if r > HOPELESS:  # on its own budget
             over = RUN * (r - 1)
-            if k.excess + over > EXPLORE * k.calls:
+            if k.excess + over > HOPELESS_TIME * k.calls:
                 continue
             k.excess += over
         else:
