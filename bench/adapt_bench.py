@@ -14,12 +14,16 @@ Phases (all_reduce, fp32), run in order on one world:
   stale  --stale-bytes (256 KiB), load gone, under a tuning table measured elsewhere
          that says ring for this size (on CPU ring runs interpreted: ~100x the others)
 In each phase the adaptive ``auto`` (COMMLAB_ADAPT=1, its state kept across phases)
-runs --calls calls in blocks of --block; each round also runs a block of one_shot and
+runs --calls calls in blocks of --block (25: half a period of online selection, so
+that the blocks' breaks, where a call waits and its record's cost is its wire time, fall
+between its bursts and runs: a burst cut by one was misread, a 1.3x faster two-shot
+missed for 350 calls); each round also runs a block of one_shot and
 of two_shot and --fixed ring calls, blocks in a rotating order, each after a barrier:
 every mode's block starts the same way (a waiting call) and stays paired in time while
 the machine's load drifts. Online selection learns only from its own calls (rank 0
-feeds it their records after each adaptive block and drops the fixed calls' before
-the next, then a barrier: the dropping is not the adaptive calls' to pay).
+feeds it their records after each adaptive block, a time added to the block's last
+call, and drops the fixed calls' before the next, then a barrier: the dropping is not
+the adaptive calls' to pay).
 Per call: rank 0's host time around the call (CPU: the interpreter finishes the kernel
 inside the call; cuda: a device synchronize after every call), the algorithm it ran and
 whether it waited in the agreement (the others ran ahead of it).
@@ -42,7 +46,7 @@ costly calls), which algorithms are within 3% of the best by that median
 (``within_3pct``; unpaired: ``within_3pct_unpaired``) and from which call online
 selection held one of them (``settled_after_calls``: a machine that changes within a
 phase, such as two-shot falling into a 2x slower mode beside a loaded rank, moves it).
-``--rejudge FILE`` judges a saved record again. On CPU, a phase is --calls 1000 (40
+``--rejudge FILE`` judges a saved record again. On CPU, a phase is --calls 1000 (32
 judged rounds).
 Writes bench/results/adapt-<backend>-w<N>.json and .svg (the machine's load average at
 each phase's start and end is in the record: CPU timings on a shared box are noisy).
@@ -166,10 +170,12 @@ def _rank(comm, phases, fixed: int, calls: int, block: int, backend: str):
                         commlab.barrier()  # (else the skip's time lands in the first call)
                         t, c, w = _time_calls(comm, x, "auto", min(block, calls - len(times)),
                                               cuda)
-                        times, chosen, ran = times + t, chosen + c, ran + w
                         commlab.barrier()
-                        if comm.rank == 0:
-                            _adapt.feed(comm)  # its own calls' records, before fixed ones come
+                        if comm.rank == 0:  # its own calls' records, before fixed ones come;
+                            t0 = time.perf_counter()  # what reading them costs is the
+                            _adapt.feed(comm)  # adaptive calls' (in a program, rank 0's
+                            t[-1] += (time.perf_counter() - t0) * 1e6  # decision reads them)
+                        times, chosen, ran = times + t, chosen + c, ran + w
                     else:
                         n = fixed if what == "ring" else block
                         t, _, w = _time_calls(comm, x, what, n, cuda)
@@ -353,8 +359,10 @@ def main(argv=None) -> int:
     ap.add_argument("--ranks", type=int, default=4)
     ap.add_argument("--fixed", type=int, default=1,
                     help="ring calls per round (it costs ~100 of the others on CPU)")
-    ap.add_argument("--block", type=int, default=20,
-                    help="calls per block (adaptive, one_shot, two_shot)")
+    ap.add_argument("--block", type=int, default=25,
+                    help="calls per block (adaptive, one_shot, two_shot); 25, half of "
+                         "online selection's period, puts the breaks between its bursts "
+                         "and runs, not inside them")
     ap.add_argument("--calls", type=int, default=1000, help="adaptive calls per phase")
     ap.add_argument("--small-bytes", default=64 << 10, type=int, help="phase small")
     ap.add_argument("--large-bytes", default=1 << 20, type=int, help="phases large and load")

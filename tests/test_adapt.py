@@ -453,10 +453,10 @@ def test_a_reader_that_collects_the_records_takes_none_from_online_selection(wor
     assert res[0] and all(res[0].values()), res[0]  # rank 0 measured every algorithm
 
 
-def test_a_settled_key_is_judged_every_other_period_and_still_switches_within_150_calls(
-        monkeypatch):
-    # rank 0's schedule stepped call by call, its records fed from a cost model: one-shot
-    # 100 us, two-shot 120 us until call 1000, then one-shot 300 us
+def _rank0_schedule(monkeypatch, k, cost, n_calls: int) -> tuple[list, list]:
+    """Step rank 0's schedule call by call for key ``k``, its records fed from
+    ``cost(call, algorithm)`` (ns); (the calls at which it judged, the algorithm each
+    call ran)."""
     from collections import deque
     from types import SimpleNamespace
 
@@ -465,31 +465,58 @@ def test_a_settled_key_is_judged_every_other_period_and_still_switches_within_15
     ctl = SimpleNamespace(seq=0, peers=[], published=lambda r, s: True,
                           set_note=lambda v, w: None)
     comm = SimpleNamespace(rank=0, control=ctl)
-    key, change = ("all_reduce", 13, "float32", 2, 0), 1000
-    k = _adapt_rules.Key(("one_shot", "two_shot"), "one_shot", "one_shot", tag=1,
-                         burst=("one_shot", "two_shot"), per=1)
+    key = ("all_reduce", 13, "float32", 2, 0)
     comm.adapt = {key: k}
-    ran, judged = [], []
+    unread, judged, ran = [], [], []
 
     def feed(comm):
-        for n, alg in ran:
-            us = {"one_shot": 300 if n > change else 100, "two_shot": 120}[alg]
+        for n, alg in unread:
             k.samples.setdefault(alg, deque(maxlen=_adapt_rules.PERIOD)).append(
-                (k.calls, n, us * 1000, False))
-        ran.clear()
+                (k.calls, n, cost(n, alg), False))
+        unread.clear()
         judged.append(k.calls)
 
     monkeypatch.setattr(_adapt, "feed", feed)
-    note, switched = _adapt._Note(0), None
-    for n in range(1, 1400):
+    note = _adapt._Note(0)
+    for n in range(1, n_calls + 1):
         if note.pending is not None:
             pending, note.pending = note.pending, None
             _adapt._take(comm, note, *pending)
-        ran.append((n, _adapt._next(comm, note, key, k)))
+        ran.append(_adapt._next(comm, note, key, k))
+        unread.append((n, ran[-1]))
         ctl.seq += 1
-        if switched is None and k.current == "two_shot":
-            switched = n
+    return judged, ran
+
+
+def _new_key():
+    from commlab.collectives import _adapt_rules
+
+    return _adapt_rules.Key(("one_shot", "two_shot"), "one_shot", "one_shot", tag=1,
+                            burst=("one_shot", "two_shot"), per=1)
+
+
+def test_a_settled_key_is_judged_every_other_period_and_still_switches_within_150_calls(
+        monkeypatch):
+    # one-shot 100 us, two-shot 120 us until call 1000, then one-shot 300 us
+    from commlab.collectives import _adapt_rules
+
+    change, k = 1000, _new_key()
+    judged, ran = _rank0_schedule(
+        monkeypatch, k, lambda n, a: 1000 * (120 if a == "two_shot" else
+                                             300 if n > change else 100), 1400)
     steady = [c for c in judged if 200 < c <= change]
     periods = (change - 200) // _adapt_rules.PERIOD
     assert periods // 2 <= len(steady) < periods, judged  # about every other period
-    assert switched is not None and switched - change <= 150, (switched, k.history)
+    switched = next(n for n, a in enumerate(ran, 1) if n > change and a == "two_shot"
+                    and all(b == "two_shot" for b in ran[n - 1:n + 40]))
+    assert switched - change <= 150, (switched, k.history)
+
+
+def test_calls_that_scatter_25_percent_around_a_steady_cost_start_no_drift_burst(monkeypatch):
+    import random
+
+    rng = random.Random(1)
+    k = _new_key()
+    _rank0_schedule(monkeypatch, k, lambda n, a: int(1000 * (100 if a == "one_shot" else 150)
+                                                     * rng.uniform(0.75, 1.25)), 3000)
+    assert not [h for h in k.history if "drift" in h[2]], k.history

@@ -313,27 +313,37 @@ def feed(comm) -> None:
     (``%dist_watch``, ``records.recent``) takes none away."""
     keys = _state(comm)
     world, generation = comm.world_size, comm.generation
+    settle, maxlen = _rules.SETTLE, _rules.PERIOD
+    stamps: dict = {}  # key -> (its Key or None, the calls stamped on its samples)
     # the last record fed: (next call's record number, its last end, key, algorithm,
     # calls of that algorithm since the key changed to it)
     prev = getattr(comm, "adapt_prev", None)
-    for rec in _unread(comm):
+    for rec in _unread(comm):  # ~100 records a decision: kept lean (rank 0's critical path)
         end = max(rec.end)
         key = (rec.op, max(rec.nbytes, 1).bit_length(), rec.dtype, world, generation)
-        cost, since = rec.wire_ns, _rules.SETTLE  # unknown: taken as settled
+        alg = rec.algorithm
         if prev is not None and prev[0] == rec.call:  # the call just before it is known
-            if prev[2] == key and prev[3] != rec.algorithm:
+            if prev[2] == key and prev[3] != alg:
                 # it changed its key's algorithm and paid for the change (a waiting
                 # agreement, the devices' fence): its wire time, which leaves the
                 # agreement out (a new key's probe compares one such call of each)
-                since = 0
+                cost, since = end - max(rec.entry), 0
             else:
                 cost = end - prev[1]
-                since = prev[4] + 1 if prev[2] == key else _rules.SETTLE
-        prev = (rec.call + rec.span, end, key, rec.algorithm, since)
-        k = keys.get(key)
+                since = prev[4] + 1 if prev[2] == key else settle
+        else:  # unknown: the wire time, taken as settled
+            cost, since = end - max(rec.entry), settle
+        prev = (rec.call + rec.span, end, key, alg, since)
+        got = stamps.get(key)
+        if got is None:
+            k = keys.get(key)
+            got = stamps[key] = (k, _rules.calls_of(k) if k is not None else 0)
+        k, stamp = got
         if k is not None:  # the change and the calls right after it are marked unsettled
-            s = k.samples.setdefault(rec.algorithm, deque(maxlen=_rules.PERIOD))
-            s.append((_rules.calls_of(k), rec.call, max(cost, 1), since < _rules.SETTLE))
+            s = k.samples.get(alg)
+            if s is None:
+                s = k.samples[alg] = deque(maxlen=maxlen)
+            s.append((stamp, rec.call, max(cost, 1), since < settle))
     comm.adapt_prev = prev
 
 

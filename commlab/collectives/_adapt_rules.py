@@ -65,8 +65,10 @@ class Key:
 
 
 def explore_slots() -> tuple[int, int]:
-    """The first and last slot of a period that a steady exploration's calls take."""
-    return PERIOD // 2, PERIOD // 2 + RUN - 1
+    """The first and last slot of a period that a steady exploration's calls take (in
+    its second half: a program that pauses every half period, as adapt_bench's blocks
+    do, breaks no run)."""
+    return PERIOD // 2 + 1, PERIOD // 2 + RUN
 
 
 def calls_of(k: Key) -> int:
@@ -141,9 +143,13 @@ def judge(k: Key) -> tuple[str, bool, str]:
     if probe:
         near = [a for a in k.algorithms if a != k.current and k.ratio.get(a, 1.0) <= HOPELESS ** 2]
         return k.current, bool(near), f"probe: {', '.join(near)} within {HOPELESS ** 2:g}x" * bool(near)
+    # the drift reads the current algorithm's calls since the previous decision, all of
+    # them (the last WINDOW moved 20% on a busy host's noise alone: a burst every few
+    # hundred calls, each ~2% of the key's time)
+    level = typical(w for _, w in _fresh(k, k.current))
     if not k.chosen_median:
-        k.chosen_median = cur
-    drift = abs(cur - k.chosen_median) / k.chosen_median
+        k.chosen_median = level
+    drift = abs(level - k.chosen_median) / k.chosen_median
     if drift > DRIFT or k.deferred:  # the machine changed: measure the contenders afresh
         # a burst may overdraw the exploration budget once; later runs wait to repay it
         k.deferred = k.explored > EXPLORE * k.calls

@@ -235,22 +235,30 @@ class Book:
             return []
         k_lo = self.pending[0][0] + 1
         lost, ready, rows = _states(rings, np.arange(k_lo, self.pending[-1][1] + 1))
-        out = []
-        while self.pending:
-            k0, k1, op, alg, nbytes, dtype, meta = self.pending[0]
+        out: list[CallRecord] = []
+        pending, keep = self.pending, out.append
+        while pending:
+            k0, k1, op, alg, nbytes, dtype, meta = pending[0]
             a, b = k0 + 1 - k_lo, k1 + 1 - k_lo
-            if any(lost[a:b]):  # overwritten or mismatched: give it up
-                self.pending.popleft()
-                continue
-            if not all(ready[a:b]):  # not finished yet on some rank
-                break
-            self.pending.popleft()
-            first, last = rows[a], rows[b - 1]
-            rec = CallRecord(op, alg, nbytes, dtype, k0 + 1, first[0], first[1], last[2],
-                             meta, k1 - k0)
-            out.append(rec)
-            self.done.append(rec)
-            self.seen += 1
+            if b - a == 1:  # one record (most calls): no slices
+                if lost[a]:  # overwritten or mismatched: give it up
+                    pending.popleft()
+                    continue
+                if not ready[a]:  # not finished yet on some rank
+                    break
+                first = last = rows[a]
+            else:
+                if any(lost[a:b]):
+                    pending.popleft()
+                    continue
+                if not all(ready[a:b]):
+                    break
+                first, last = rows[a], rows[b - 1]
+            pending.popleft()
+            keep(CallRecord(op, alg, nbytes, dtype, k0 + 1, first[0], first[1], last[2],
+                            meta, k1 - k0))
+        self.done.extend(out)
+        self.seen += len(out)
         return out
 
 
