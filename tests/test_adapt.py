@@ -412,7 +412,7 @@ def test_a_call_costs_its_cycle_where_the_call_before_it_was_recorded(monkeypatc
             rec(8, [1010, 1020], [1100, 1090], algorithm="two_shot"),  # changed: its wire
             rec(9, [1110, 1120], [1300, 1280], algorithm="two_shot"),  # 1300 - 1100
             rec(10, [1310, 1310], [1450, 1440], algorithm="two_shot")]  # settled: 150
-    monkeypatch.setattr(_adapt, "_unread", lambda comm: recs)
+    monkeypatch.setattr(_adapt, "_to_feed", lambda comm: recs)
     comm = SimpleNamespace(world_size=2, generation=0)
     key = ("all_reduce", 4096 .bit_length(), "float32", 2, 0)
     k = _adapt_rules.Key(("one_shot", "two_shot"), "one_shot", "one_shot", tag=1)
@@ -454,37 +454,42 @@ def test_a_reader_that_collects_the_records_takes_none_from_online_selection(wor
 
 
 def _rank0_schedule(monkeypatch, k, cost, n_calls: int) -> tuple[list, list]:
-    """Step rank 0's schedule call by call for key ``k``, its records fed from
-    ``cost(call, algorithm)`` (ns); (the calls at which it judged, the algorithm each
-    call ran)."""
-    from collections import deque
+    """Step rank 0's schedule call by call for key ``k``; each call's record costs
+    ``cost(call, algorithm)`` ns from the previous call's end, and online selection
+    reads them as it does a book's (all since the last read, or the newest TAIL).
+    Returns (the calls at which rank 0 judged, the algorithm each call ran)."""
     from types import SimpleNamespace
 
     from commlab.collectives import _adapt, _adapt_rules
+    from commlab.runtime.records import CallRecord
 
     ctl = SimpleNamespace(seq=0, peers=[], published=lambda r, s: True,
                           set_note=lambda v, w: None)
-    comm = SimpleNamespace(rank=0, control=ctl)
+    comm = SimpleNamespace(rank=0, control=ctl, world_size=2, generation=0)
     key = ("all_reduce", 13, "float32", 2, 0)
     comm.adapt = {key: k}
-    unread, judged, ran = [], [], []
+    recs, read, judged, ran, tails = [], [0], [], [], []
+    book = SimpleNamespace(peek=lambda n: (tails.append(n), recs[-n:])[1])
 
-    def feed(comm):
-        for n, alg in unread:
-            k.samples.setdefault(alg, deque(maxlen=_adapt_rules.PERIOD)).append(
-                (k.calls, n, cost(n, alg), False))
-        unread.clear()
-        judged.append(k.calls)
+    def unread(comm):
+        new, read[0] = recs[read[0]:], len(recs)
+        return new
 
-    monkeypatch.setattr(_adapt, "feed", feed)
-    note = _adapt._Note(0)
+    monkeypatch.setattr(_adapt._records, "book", lambda comm: book)
+    monkeypatch.setattr(_adapt, "_unread", unread)
+    judge = _adapt_rules.judge
+    monkeypatch.setattr(_adapt_rules, "judge", lambda k: (judged.append(k.calls), judge(k))[1])
+    note, t = _adapt._Note(0), 0
     for n in range(1, n_calls + 1):
         if note.pending is not None:
             pending, note.pending = note.pending, None
             _adapt._take(comm, note, *pending)
         ran.append(_adapt._next(comm, note, key, k))
-        unread.append((n, ran[-1]))
+        t0, t = t, t + cost(n, ran[-1])
+        recs.append(CallRecord("all_reduce", ran[-1], 4096, "float32", n, [t0, t0],
+                               [t0, t0], [t, t]))
         ctl.seq += 1
+    assert tails, "a settled key reads the newest records only"
     return judged, ran
 
 

@@ -51,3 +51,23 @@ def test_a_collect_after_more_calls_than_the_ring_keeps_takes_the_newest_in_orde
         assert calls and calls[-1] <= mark and pending == 0
         assert calls == list(range(calls[0], calls[0] + len(calls)))  # one record a call here
         assert mark - calls[0] < RECORD_RING <= mark  # the older ones were given up
+
+
+def _peeked(comm):
+    from commlab.runtime import records as rec
+
+    x = torch.ones(64)
+    book = rec.book(comm)
+    for _ in range(30):
+        commlab.all_reduce(x, algorithm="one_shot")
+    commlab.barrier()
+    pending = len(book.pending)
+    peeked = [r.call for r in book.peek(5)]
+    return peeked, pending, len(book.pending), [r.call for r in book.collect()][-5:]
+
+
+def test_a_peek_reads_the_newest_records_and_leaves_them_to_the_next_collect(world):
+    for peeked, before, after, collected in world(_peeked, 2):
+        assert len(peeked) == 5 and peeked == list(range(peeked[0], peeked[0] + 5))
+        assert before == after >= 30  # nothing collected by the peek
+        assert collected == peeked  # the collect still hands them out

@@ -27,6 +27,7 @@ SETTLE = 2  # calls from a change of algorithm on that still pay for it (the cha
 #             waiting agreement, then the ranks' pipeline refilling: on 4 CPU ranks a
 #             contender's second call after the change took ~10% over its steady ones)
 WINDOW = 9  # samples per algorithm in a typical cost (``typical``)
+TAIL = PERIOD // 2  # records rank 0 reads at a decision after a period of `current` only
 SWITCH = 0.05  # another algorithm this much faster (typical cost) takes over
 DRIFT = 0.20  # the current algorithm's typical cost moving this much starts a burst
 HOPELESS = 2.0  # slower than the current by this factor: explored on the time budget

@@ -21,6 +21,7 @@ its event completed (no synchronisation on the call path). From the records of o
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections import deque
 from dataclasses import dataclass, field
@@ -183,6 +184,35 @@ class Book:
             done, total = list(self.done), self.seen
         n = min(total - seen, len(done), limit)
         return done[len(done) - n:] if n > 0 else []
+
+    def peek(self, n: int) -> list[CallRecord]:
+        """The newest ``n`` complete records, oldest first, without collecting: those
+        already collected and the pending ones read where they lie (a later ``collect``
+        still hands those to its caller). For a reader that needs only the latest calls
+        (online selection between its explorations): building every call's record costs
+        rank 0 ~4-10 µs a call on CPU."""
+        with self._lock:
+            done = list(itertools.islice(reversed(self.done), n))[::-1]
+            tail = list(itertools.islice(reversed(self.pending), n))[::-1]
+            if not tail:
+                return done
+            rings = self._rings()
+            if rings is None:
+                return done
+            k_lo = tail[0][0] + 1
+            lost, ready, rows = _states(rings, np.arange(k_lo, tail[-1][1] + 1))
+            fresh: list[CallRecord] = []
+            for k0, k1, op, alg, nbytes, dtype, meta in tail:
+                a, b = k0 + 1 - k_lo, k1 + 1 - k_lo
+                if any(lost[a:b]):  # gone: the calls after it only
+                    fresh.clear()
+                    continue
+                if not all(ready[a:b]):  # a rank still runs it (and those after it)
+                    break
+                first, last = rows[a], rows[b - 1]
+                fresh.append(CallRecord(op, alg, nbytes, dtype, k0 + 1, first[0], first[1],
+                                        last[2], meta, k1 - k0))
+        return (done + fresh)[-n:]
 
     # -- reading -----------------------------------------------------------------------
     def _peer_views(self) -> list[torch.Tensor]:
