@@ -525,3 +525,24 @@ def test_calls_that_scatter_25_percent_around_a_steady_cost_start_no_drift_burst
     _rank0_schedule(monkeypatch, k, lambda n, a: int(1000 * (100 if a == "one_shot" else 150)
                                                      * rng.uniform(0.75, 1.25)), 3000)
     assert not [h for h in k.history if "drift" in h[2]], k.history
+
+
+def _probe_order(comm):
+    from commlab.collectives import _adapt, _select
+
+    _select.use_tuning(lambda c, op, dtype, nbytes: "two_shot" if op == "all_reduce" else None)
+    x = torch.ones(1024)
+    key = _adapt.key_for(comm, "all_reduce", x)
+    ran = []
+    for _ in range(3):
+        commlab.all_reduce(x)
+        ran.append(_adapt._state(comm)[key].last)
+    commlab.synchronize()
+    return ran
+
+
+def test_a_new_keys_probe_runs_the_tables_choice_first(world):
+    # the key's first call pays for whatever came before it: the current algorithm's,
+    # measured all period, not a contender's one probe call
+    for ran in world(_probe_order, 2, env={"COMMLAB_ADAPT": "1"}, timeout=300):
+        assert ran == ["two_shot", "one_shot", "ring"], ran

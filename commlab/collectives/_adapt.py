@@ -3,7 +3,7 @@
 Per key (op, size bucket = a power of two, dtype, world size, world generation):
 
     current = the tuning table's choice (or the defaults)        # _select.choose
-    first PERIOD calls: one call of every algorithm (a probe); right after it (at
+    first PERIOD calls: one call of every algorithm, `current` first (a probe); right after it (at
       PROBE_DECISIONS, once the probe's records are complete) rank 0 switches to the
       fastest probed one if `current` was HOPELESS**2 slower than it (a wrong table
       must not run for the rest of the period); then `current`; the
@@ -190,7 +190,12 @@ def _new_key(comm, key: tuple, op: str, x, algorithms: tuple[str, ...]) -> _rule
         return None
     note = _note(comm)
     note.tags += 1
-    k = _state(comm)[key] = _rules.Key(algs, table, table, note.tags, burst=algs, per=1,
+    # the probe runs the table's choice first: a key's first call comes after whatever
+    # ran before it (another size, a barrier) and its cost with it, which the period's
+    # calls of `current` outweigh; a contender's one call read so was exiled (a one-shot
+    # probe call at 3x on a shared GPU kept two-shot, 1.9x slower, for a whole phase)
+    probe = (table,) + tuple(a for a in algs if a != table)
+    k = _state(comm)[key] = _rules.Key(algs, table, table, note.tags, burst=probe, per=1,
                                        budget=_native.budget())
     return k
 
