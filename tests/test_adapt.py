@@ -469,7 +469,7 @@ def _rank0_schedule(monkeypatch, k, cost, n_calls: int) -> tuple[list, list]:
     key = ("all_reduce", 13, "float32", 2, 0)
     comm.adapt = {key: k}
     recs, read, judged, ran, tails = [], [0], [], [], []
-    book = SimpleNamespace(peek=lambda n: (tails.append(n), recs[-n:])[1])
+    book = SimpleNamespace(cpu=True, peek=lambda n: (tails.append(n), recs[-n:])[1])
 
     def unread(comm):
         new, read[0] = recs[read[0]:], len(recs)

@@ -357,13 +357,16 @@ def feed(comm) -> None:
 def _to_feed(comm) -> list:
     """The records to learn from, past the last one fed: all of them where a call since
     the previous feed ran another algorithm than its key's current (a probe, a burst, a
-    contender's run: each is compared with the calls beside it), else the newest TAIL
-    (the current algorithms' level; building every call's record costs rank 0 ~4-10 µs
-    a call on CPU, 2-4% of a 64 KiB call on 4 ranks)."""
+    contender's run: each is compared with the calls beside it) or on GPUs, else the
+    newest TAIL (the current algorithms' level; building every call's record costs rank
+    0 ~4-10 µs a call on CPU, 2-4% of a 64 KiB call on 4 ranks)."""
     book = _records.book(comm)
     if book is None:
         return []
-    if getattr(comm, "adapt_mixed", True):
+    if getattr(comm, "adapt_mixed", True) or not book.cpu:
+        # GPUs: every record (a collect hands out the copy the previous one started, so
+        # a burst's records may come a decision late; the decision's Python overlaps
+        # the device's work there)
         comm.adapt_mixed = False
         recs = _unread(comm)
     else:
