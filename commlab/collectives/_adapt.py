@@ -190,10 +190,9 @@ def _new_key(comm, key: tuple, op: str, x, algorithms: tuple[str, ...]) -> _rule
         return None
     note = _note(comm)
     note.tags += 1
-    # the probe runs the table's choice first: a key's first call comes after whatever
-    # ran before it (another size, a barrier) and its cost with it, which the period's
-    # calls of `current` outweigh; a contender's one call read so was exiled (a one-shot
-    # probe call at 3x on a shared GPU kept two-shot, 1.9x slower, for a whole phase)
+    # the probe runs the table's choice first: a key's first call pays for whatever ran
+    # before it (another size, a barrier), which the period's calls of `current`
+    # outweigh, where a contender's one probe call read so could exile it
     probe = (table,) + tuple(a for a in algs if a != table)
     k = _state(comm)[key] = _rules.Key(algs, table, table, note.tags, burst=probe, per=1,
                                        budget=_native.budget())
@@ -358,8 +357,8 @@ def _to_feed(comm) -> list:
     """The records to learn from, past the last one fed: all of them where a call since
     the previous feed ran another algorithm than its key's current (a probe, a burst, a
     contender's run: each is compared with the calls beside it) or on GPUs, else the
-    newest TAIL (the current algorithms' level; building every call's record costs rank
-    0 ~4-10 µs a call on CPU, 2-4% of a 64 KiB call on 4 ranks)."""
+    newest TAIL (the current algorithms' level: building every call's record is rank 0's
+    Python on every CPU rank's critical path)."""
     book = _records.book(comm)
     if book is None:
         return []

@@ -18,10 +18,9 @@ PERIOD = 50  # calls between decisions
 # finishing the probe's last call (its record incomplete) at the first
 PROBE_DECISIONS = (1, 3, 6)
 BURST = 6  # calls per algorithm in a burst period (as RUN)
-# calls of one contender per steady exploration: SETTLE unsettled, then four: an even
-# number, as calls may alternate fast and slow (one-shot's parity beside a loaded rank:
-# 1.4 and 6.5 ms), and three settled calls read the slow mode twice whenever the change
-# started them on it, which judged one-shot 1.6x slower than two-shot burst after burst
+# calls of one contender per steady exploration: SETTLE unsettled, then an even number
+# settled, as calls may alternate fast and slow (one-shot's parity beside a loaded rank):
+# an odd number reads one mode twice, the same one whenever the change starts it there
 RUN = 6
 SETTLE = 2  # calls from a change of algorithm on that still pay for it (the change's
 #             waiting agreement, then the ranks' pipeline refilling: on 4 CPU ranks a
@@ -144,9 +143,8 @@ def judge(k: Key) -> tuple[str, bool, str]:
     if probe:
         near = [a for a in k.algorithms if a != k.current and k.ratio.get(a, 1.0) <= HOPELESS ** 2]
         return k.current, bool(near), f"probe: {', '.join(near)} within {HOPELESS ** 2:g}x" * bool(near)
-    # the drift reads the current algorithm's calls since the previous decision, all of
-    # them (the last WINDOW moved 20% on a busy host's noise alone: a burst every few
-    # hundred calls, each ~2% of the key's time)
+    # the drift reads all the current algorithm's calls since the previous decision (the
+    # last WINDOW alone moves past DRIFT on a busy host's noise, each time a burst)
     level = typical(w for _, w in _fresh(k, k.current))
     if not k.chosen_median:
         k.chosen_median = level
@@ -186,8 +184,8 @@ def may_skip(k: Key) -> bool:
     settled key (past its first two periods) whose ending period ran no burst or
     exploration, no drift's burst waiting, the previous decision point not left out. A
     key that holds its algorithm is then judged every other period (on CPU a decision
-    is rank 0's Python on every rank's critical path, ~0.5 ms: 2% of 64 KiB calls at one
-    per period), and a change of the machine still shows as a drift within 2 periods."""
+    is rank 0's Python on every rank's critical path), and a change of the machine
+    still shows as a drift within 2 periods."""
     return (k.calls > 2 * PERIOD and k.calls % PERIOD == 0 and not k.burst
             and not k.explore and not k.deferred and not k.skipped)
 

@@ -151,7 +151,7 @@ class Book:
         """The number of records this rank's kernels have opened once the launches made
         so far run (CPU: read from memory, the interpreter has run them; GPU: counted)."""
         if self.cpu:
-            return int(self._words[0])  # a numpy read: ~0.1 µs, a tensor's ~4 µs a call
+            return int(self._words[0])  # a numpy read: a tensor index costs more, every call
         return LAUNCHES[0] - self._base
 
     def device_count(self) -> int:
@@ -189,31 +189,17 @@ class Book:
         """The newest ``n`` complete records, oldest first, without collecting: those
         already collected and the pending ones read where they lie (a later ``collect``
         still hands those to its caller). For a reader that needs only the latest calls
-        (online selection between its explorations): building every call's record costs
-        rank 0 ~4-10 µs a call on CPU. GPUs: the collected ones only (their rings come
-        as asynchronous copies, each taken up by the next collect)."""
+        (online selection between its explorations). GPUs: the collected ones only
+        (their rings come as asynchronous copies, each taken up by the next collect)."""
         with self._lock:
             done = list(itertools.islice(reversed(self.done), n))[::-1]
             tail = list(itertools.islice(reversed(self.pending), n))[::-1]
-            if not tail or not self.cpu:
-                return done
-            rings = self._rings()
+            rings = self._rings() if tail and self.cpu else None
             if rings is None:
                 return done
-            k_lo = tail[0][0] + 1
-            lost, ready, rows = _states(rings, np.arange(k_lo, tail[-1][1] + 1))
-            fresh: list[CallRecord] = []
-            for k0, k1, op, alg, nbytes, dtype, meta in tail:
-                a, b = k0 + 1 - k_lo, k1 + 1 - k_lo
-                if any(lost[a:b]):  # gone: the calls after it only
-                    fresh.clear()
-                    continue
-                if not all(ready[a:b]):  # a rank still runs it (and those after it)
-                    break
-                first, last = rows[a], rows[b - 1]
-                fresh.append(CallRecord(op, alg, nbytes, dtype, k0 + 1, first[0], first[1],
-                                        last[2], meta, k1 - k0))
-        return (done + fresh)[-n:]
+            read = _read(tail, rings)
+            gone = max((i for i, r in enumerate(read) if r is None), default=-1)
+            return (done + read[gone + 1:])[-n:]  # only the calls after a lost one
 
     # -- reading -----------------------------------------------------------------------
     def _peer_views(self) -> list[torch.Tensor]:
@@ -264,41 +250,47 @@ class Book:
         rings = self._rings()
         if rings is None:
             return []
-        k_lo = self.pending[0][0] + 1
-        lost, ready, rows = _states(rings, np.arange(k_lo, self.pending[-1][1] + 1))
         out: list[CallRecord] = []
-        pending, keep = self.pending, out.append
-        while pending:
-            k0, k1, op, alg, nbytes, dtype, meta = pending[0]
-            a, b = k0 + 1 - k_lo, k1 + 1 - k_lo
-            if b - a == 1:  # one record (most calls): no slices
-                if lost[a]:  # overwritten or mismatched: give it up
-                    pending.popleft()
-                    continue
-                if not ready[a]:  # not finished yet on some rank
-                    break
-                first = last = rows[a]
-            else:
-                if any(lost[a:b]):
-                    pending.popleft()
-                    continue
-                if not all(ready[a:b]):
-                    break
-                first, last = rows[a], rows[b - 1]
-            pending.popleft()
-            keep(CallRecord(op, alg, nbytes, dtype, k0 + 1, first[0], first[1], last[2],
-                            meta, k1 - k0))
+        for rec in _read(list(self.pending), rings):
+            self.pending.popleft()
+            if rec is not None:  # None: overwritten or mismatched, given up
+                out.append(rec)
         self.done.extend(out)
         self.seen += len(out)
         return out
 
 
+def _read(entries: list, rings: np.ndarray) -> list:
+    """The records of the noted calls ``entries`` (oldest first) in ``rings``, up to the
+    first that some rank has not finished: per call its CallRecord, or None where the
+    ring went round (lost)."""
+    k_lo = entries[0][0] + 1
+    lost, ready, rows = _states(rings, np.arange(k_lo, entries[-1][1] + 1))
+    out: list = []
+    for k0, k1, op, alg, nbytes, dtype, meta in entries:
+        a, b = k0 + 1 - k_lo, k1 + 1 - k_lo
+        if b - a == 1:  # one record (most calls): no slices
+            if lost[a]:
+                out.append(None)
+                continue
+            if not ready[a]:
+                break
+        elif any(lost[a:b]):
+            out.append(None)
+            continue
+        elif not all(ready[a:b]):
+            break
+        first, last = rows[a], rows[b - 1]
+        out.append(CallRecord(op, alg, nbytes, dtype, k0 + 1, first[0], first[1], last[2],
+                              meta, k1 - k0))
+    return out
+
+
 def _states(rings: np.ndarray, ks: np.ndarray) -> tuple[list, list, list]:
     """For records ``ks`` of ``rings`` [W, words]: whether each is lost (the ring went
     round: its slot holds a later call's), whether every rank completed it, and its
-    stamps as [record][entry, arrived, end][rank] in Python ints. One numpy pass over the
-    pending records only: converting the whole ring and reading it record by record cost
-    ~0.35 ms of rank 0's CPU at every online selection decision (4 CPU ranks)."""
+    stamps as [record][entry, arrived, end][rank] in Python ints: one numpy pass over the
+    pending records' slots, not the whole ring record by record."""
     at = _RING_AT + _REC * ((ks - 1) % RECORD_RING)
     rows = rings[:, at[:, None] + np.arange(_REC)]  # [W, n, (call, entry, arrived, end)]
     lost = ((rows[:, :, 0] > ks) | (rings[:, :1] - ks >= RECORD_RING)).any(axis=0)
