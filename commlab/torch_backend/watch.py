@@ -79,6 +79,7 @@ class Watch:
     def step(self):
         """Record one training step (every rank, the same steps)."""
         book = records.book(self.comm)
+        seen = 0
         if book is not None:
             book.collect()
             seen = book.seen
@@ -90,13 +91,9 @@ class Watch:
             self.comm.synchronize()
             step_us = (time.perf_counter() - t0) * 1e6
             self.spans = trace.stop()
-            self.arrivals = []
-            if book is not None:
-                book.collect()
-                self.arrivals = list(book.done)[-(book.seen - seen):] if book.seen > seen else []
-            self._record(step_us, self.spans)
+            self._record(step_us, self.spans, book, seen)
 
-    def _record(self, step_us: float, spans) -> None:
+    def _record(self, step_us: float, spans, book=None, seen: int = 0) -> None:
         dist_iv = merge((s.start_us, s.end_us) for s in spans if s.kind == "dist")
         kern = [s for s in spans if s.kind == "comm"]
         kernel_us = total(merge((s.start_us, s.end_us) for s in kern))
@@ -107,6 +104,14 @@ class Watch:
         dist.all_gather_into_tensor(world, mine, group=self.comm.cpu_group)
         rows = [dict(zip(FIELDS, r.tolist(), strict=True))
                 for r in world.view(self.comm.world_size, len(FIELDS))]
+        # the step's call records, read after that exchange: every rank entered it once
+        # its own kernels had ended, so each rank reads every call's record complete
+        # (read before it, a peer's end stamp of the last call could be missing on one
+        # rank and not another, and their straggler texts differed)
+        self.arrivals = []
+        if book is not None:
+            book.collect()
+            self.arrivals = list(book.done)[-(book.seen - seen):] if book.seen > seen else []
         ratio = max(r["comm_us"] / r["compute_us"] for r in rows)
         st = StepStats(len(self.history), ratio, rows,
                        straggler=arrivals.straggler(self.arrivals))
