@@ -134,8 +134,10 @@ def _time_calls(comm, x, algorithm: str, n: int, cuda: bool) -> tuple[list[float
 def _rank(comm, phases, fixed: int, calls: int, block: int, backend: str):
     import commlab
     from commlab.collectives import _adapt, _adapt_rules, _select
+    from commlab.runtime import records
 
     cuda = backend == "cuda"
+    book = records.book(comm) if cuda else None
     out = []
     for name, nbytes, loaded in phases:
         load0 = os.getloadavg()[0]
@@ -172,6 +174,8 @@ def _rank(comm, phases, fixed: int, calls: int, block: int, backend: str):
                                               cuda)
                         commlab.barrier()
                         if comm.rank == 0:  # its own calls' records, before fixed ones come;
+                            if book is not None:  # (GPUs: all of them now, not a feed
+                                book.settle()  # late; untimed: a program does not wait)
                             t0 = time.perf_counter()  # what reading them costs is the
                             _adapt.feed(comm)  # adaptive calls' (in a program, rank 0's
                             t[-1] += (time.perf_counter() - t0) * 1e6  # decision reads them)

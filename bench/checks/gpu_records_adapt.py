@@ -4,7 +4,8 @@
 
 1. records: 2 ranks sharing the GPU, 12 eager all_reduce calls, rank 1 sleeping 20 ms
    before each: every call's records arrive through the lazy copy (two collects, no
-   synchronisation on the call path), end >= entry on every rank, rank 1 named last.
+   synchronisation on the call path), end >= entry on every rank, rank 1 named last;
+   then 5 calls and a barrier: after ``Book.settle`` one collect hands out all of them.
 2. cost: one rank (the kernel's own cost, no peer to time-slice with), records on
    against off (COMMLAB_RECORDS, read at import: one world each, alternated 3 times):
    one-shot all_reduce 8 B captured in a CUDA graph (20 calls per graph) and 1 MiB eager;
@@ -50,7 +51,14 @@ def _records(comm):
     records.collect(comm)
     time.sleep(0.1)
     recs = records.recent(comm)[-12:]
-    return {"sum_ok": ok_sum, "n": len(recs), "last": [r.last_rank for r in recs],
+    for _ in range(5):  # Book.settle: the next collect hands out all of them at once
+        commlab.all_reduce(x)
+    commlab.barrier()  # every rank's calls ended, so their records are complete
+    book = records.book(comm)
+    book.settle()
+    settled = len(records.collect(comm))
+    return {"sum_ok": ok_sum, "n": len(recs), "settled": settled, "left": len(book.pending),
+            "last": [r.last_rank for r in recs],
             "late_ms": [r.late_ns / 1e6 for r in recs], "wire_us": [r.wire_ns / 1e3 for r in recs],
             "ordered": all(e >= s for r in recs for s, e in zip(r.entry, r.end, strict=True))}
 
@@ -150,8 +158,10 @@ def main(argv=None) -> int:
     rec["records"] = r
     r0 = r[0]
     named = r0["n"] and sum(v == 1 for v in r0["last"]) >= 0.8 * r0["n"]
-    say(bool(r0["sum_ok"] and r0["n"] == 12 and r0["ordered"] and named),
-        f"records: {r0['n']}/12 calls read lazily, last ranks {r0['last']}, late ms "
+    say(bool(r0["sum_ok"] and r0["n"] == 12 and r0["ordered"] and named
+             and r0["settled"] >= 5 and r0["left"] == 0),
+        f"records: {r0['n']}/12 calls read lazily; after 5 more, a barrier and settle, one "
+        f"collect read {r0['settled']} and left {r0['left']}; last ranks {r0['last']}, late ms "
         f"{[round(v, 1) for v in r0['late_ms']]}, wire us {[round(v) for v in r0['wire_us']]}")
 
     runs: dict = {"0": [], "1": []}

@@ -392,7 +392,12 @@ def _unread(comm) -> list:
 
 def skip(comm) -> None:
     """Leave the records of the calls made so far unread by online selection (a
-    benchmark's fixed-algorithm calls, which are not the adaptive key's to learn from)."""
+    benchmark's fixed-algorithm calls, which are not the adaptive key's to learn from).
+    Waits for the device (``Book.settle``): else on GPUs their records would come in at
+    the next feed, as if online selection's own."""
+    book = _records.book(comm)
+    if book is not None:
+        book.settle()
     recs = _unread(comm)
     if recs:
         comm.adapt_fed = (_records.book(comm), recs[-1].call + recs[-1].span)

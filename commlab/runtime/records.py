@@ -226,7 +226,7 @@ class Book:
         self._start_copy(views)
         return got
 
-    def _start_copy(self, views) -> None:
+    def _start_copy(self, views) -> torch.cuda.Event:
         dev = self.comm.device
         pinned = torch.empty((self.world, _WORDS), dtype=torch.int64, pin_memory=True)
         side = torch.cuda.Stream(device=dev)
@@ -237,6 +237,19 @@ class Book:
             event = torch.cuda.Event()
             event.record(side)
         self._snap = (event, pinned)
+        return event
+
+    def settle(self) -> None:
+        """Wait until the next ``collect`` hands out every call made so far whose records
+        every rank has finished. GPUs: drops the copy in flight and takes a fresh one,
+        waiting for it (a synchronisation: for a benchmark's breaks and debugging reads,
+        never the call path). CPU: nothing to wait for."""
+        if self.cpu:
+            return
+        with self._lock:
+            if self._snap is not None:
+                self._snap[0].synchronize()  # its pinned memory may still be written
+            self._start_copy(self._peer_views()).synchronize()
 
     def collect(self) -> list[CallRecord]:
         """The calls whose records every rank has completed since the last collect (never
