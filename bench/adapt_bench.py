@@ -20,10 +20,10 @@ between its bursts and runs: a burst cut by one was misread, a 1.3x faster two-s
 missed for 350 calls); each round also runs a block of one_shot and
 of two_shot and --fixed ring calls, blocks in a rotating order, each after a barrier:
 every mode's block starts the same way (a waiting call) and stays paired in time while
-the machine's load drifts. Online selection learns only from its own calls (rank 0
-feeds it their records after each adaptive block, a time added to the block's last
-call, and drops the fixed calls' before the next, then a barrier: the dropping is not
-the adaptive calls' to pay).
+the machine's load drifts. Online selection learns only from its own calls: before each
+adaptive block rank 0 drops the records of the fixed calls since the last one
+(``_adapt.forget``), then a barrier (the dropping is not the adaptive calls' to pay);
+its decisions read the records inside the adaptive calls, as in a program.
 Per call: rank 0's host time around the call (CPU: the interpreter finishes the kernel
 inside the call; cuda: a device synchronize after every call), the algorithm it ran and
 whether it waited in the agreement (the others ran ahead of it).
@@ -134,11 +134,10 @@ def _time_calls(comm, x, algorithm: str, n: int, cuda: bool) -> tuple[list[float
 def _rank(comm, phases, fixed: int, calls: int, block: int, backend: str):
     import commlab
     from commlab.collectives import _adapt, _adapt_rules, _select
-    from commlab.runtime import records
 
     cuda = backend == "cuda"
-    book = records.book(comm) if cuda else None
     out = []
+    fixed_from = _adapt.mark(comm)  # the records since the last adaptive block (warm-ups too)
     for name, nbytes, loaded in phases:
         load0 = os.getloadavg()[0]
         tuned = _select._tuned
@@ -167,18 +166,12 @@ def _rank(comm, phases, fixed: int, calls: int, block: int, backend: str):
                 for what in order:
                     commlab.barrier()  # every rank's calls ended: their records complete
                     if what == "auto":
-                        if comm.rank == 0:  # the one reader: the fixed calls' records
-                            _adapt.skip(comm)  # are not online selection's to learn
-                        commlab.barrier()  # (else the skip's time lands in the first call)
+                        if comm.rank == 0:  # the one reader: the fixed calls since its last
+                            _adapt.forget(comm, fixed_from)  # block are not its to learn
+                        commlab.barrier()  # (else the forgetting lands in the first call)
                         t, c, w = _time_calls(comm, x, "auto", min(block, calls - len(times)),
                                               cuda)
-                        commlab.barrier()
-                        if comm.rank == 0:  # its own calls' records, before fixed ones come;
-                            if book is not None:  # (GPUs: all of them now, not a feed
-                                book.settle()  # late; untimed: a program does not wait)
-                            t0 = time.perf_counter()  # what reading them costs is the
-                            _adapt.feed(comm)  # adaptive calls' (in a program, rank 0's
-                            t[-1] += (time.perf_counter() - t0) * 1e6  # decision reads them)
+                        fixed_from = _adapt.mark(comm)
                         times, chosen, ran = times + t, chosen + c, ran + w
                     else:
                         n = fixed if what == "ring" else block

@@ -71,3 +71,27 @@ def test_a_peek_reads_the_newest_records_and_leaves_them_to_the_next_collect(wor
         assert len(peeked) == 5 and peeked == list(range(peeked[0], peeked[0] + 5))
         assert before == after >= 30  # nothing collected by the peek
         assert collected == peeked  # the collect still hands them out
+
+
+def _forgotten(comm):
+    from commlab.runtime import records as rec
+
+    x = torch.ones(64)
+    book = rec.book(comm)
+    book.collect()
+    for _ in range(4):
+        commlab.all_reduce(x, algorithm="one_shot")
+    mark = book.mark()
+    for _ in range(3):
+        commlab.all_reduce(x, algorithm="two_shot")
+    book.forget(mark)
+    commlab.all_reduce(x, algorithm="one_shot")
+    commlab.barrier()
+    return [(r.call, r.algorithm) for r in book.collect()], mark
+
+
+def test_forgotten_calls_are_never_handed_out_and_later_ones_still_are(world):
+    for got, mark in world(_forgotten, 2):
+        algs = [a for _, a in got]
+        assert algs == ["one_shot"] * 5  # the 3 two-shot calls after the mark are gone
+        assert [c for c, _ in got][-1] > mark + 3  # the call after them is still read

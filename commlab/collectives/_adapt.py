@@ -390,17 +390,19 @@ def _unread(comm) -> list:
     return new
 
 
-def skip(comm) -> None:
-    """Leave the records of the calls made so far unread by online selection (a
-    benchmark's fixed-algorithm calls, which are not the adaptive key's to learn from).
-    Waits for the device (``Book.settle``): else on GPUs their records would come in at
-    the next feed, as if online selection's own."""
+def mark(comm) -> int | None:
+    """Where the call records stand now, for ``forget`` (None: records are off)."""
     book = _records.book(comm)
-    if book is not None:
-        book.settle()
-    recs = _unread(comm)
-    if recs:
-        comm.adapt_fed = (_records.book(comm), recs[-1].call + recs[-1].span)
+    return None if book is None else book.mark()
+
+
+def forget(comm, since: int | None) -> None:
+    """Leave the records of the calls made since ``mark`` returned ``since`` unread by
+    online selection (a benchmark's fixed-algorithm calls between adaptive ones, which
+    are not the adaptive key's to learn from)."""
+    book = _records.book(comm)
+    if book is not None and since is not None:
+        book.forget(since)
 
 
 def _frozen(key: tuple, k: _rules.Key | None) -> str | None:

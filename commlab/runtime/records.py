@@ -177,6 +177,14 @@ class Book:
         else:
             self.wanted = True
 
+    def forget(self, mark: int) -> None:
+        """Leave unread the noted calls that opened records past ``mark`` (a ``mark()``
+        taken earlier and not yet collected: a benchmark's calls that are not a reader's
+        to learn from)."""
+        with self._lock:
+            while self.pending and self.pending[-1][0] >= mark:
+                self.pending.pop()
+
     def since(self, seen: int, limit: int = 512) -> list[CallRecord]:
         """The records collected after the first ``seen`` (all time), the newest
         ``limit`` of them."""
@@ -337,9 +345,11 @@ def collect(comm) -> list[CallRecord]:
 
 
 def recent(comm) -> list[CallRecord]:
-    """Every call record kept (the last ``Book.KEEP``), collecting new ones first."""
+    """Every call record kept (the last ``Book.KEEP``), collecting new ones first (GPUs:
+    waits for the device, so every finished call is there: a debugging read)."""
     b = book(comm)
     if b is None:
         return []
+    b.settle()
     b.collect()
     return list(b.done)
