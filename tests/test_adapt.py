@@ -546,3 +546,41 @@ def test_a_new_keys_probe_runs_the_tables_choice_first(world):
     # measured all period, not a contender's one probe call
     for ran in world(_probe_order, 2, env={"COMMLAB_ADAPT": "1"}, timeout=300):
         assert ran == ["two_shot", "one_shot", "ring"], ran
+
+
+def _two_shot_table_key():
+    from commlab.collectives import _adapt_rules
+
+    return _adapt_rules.Key(("one_shot", "two_shot"), "two_shot", "two_shot", tag=1,
+                            burst=("two_shot", "one_shot"), per=1)
+
+
+def _slow_while_the_burst_ran(one_shot: int, one_shot_slow: float = 1.6):
+    """two-shot 100 us, one-shot ``one_shot`` us; calls 51-75 (the burst after the probe
+    and the calls after it) slower: two-shot 1.6x, one-shot ``one_shot_slow``x. So the
+    period's level of two-shot is well below the level the burst's one-shot calls were
+    measured against beside them."""
+    return lambda n, a: int(1000 * (100 if a == "two_shot" else one_shot) * (
+        1.0 if not 51 <= n <= 75 else 1.6 if a == "two_shot" else one_shot_slow))
+
+
+def test_a_contender_faster_beside_it_but_not_than_the_period_is_run_again_and_taken(
+        monkeypatch):
+    k = _two_shot_table_key()
+    _, ran = _rank0_schedule(monkeypatch, k, _slow_while_the_burst_ran(85), 400)
+    assert not [h for h in k.history if h[0] == 100 and h[1] == "one_shot"], k.history
+    took = next(c for c, a, why in k.history if a == "one_shot")
+    # a run of one-shot in the next period, paired again: taken at its end, not when
+    # the 2% exploration budget allows a run (from call ~275 on)
+    assert took == 150 and "second paired reading" in k.history[-1][2], k.history
+    assert all(a == "one_shot" for a in ran[160:])
+
+
+def test_a_second_paired_reading_that_finds_a_tie_keeps_the_current_algorithm(monkeypatch):
+    k = _two_shot_table_key()
+    _, ran = _rank0_schedule(monkeypatch, k, _slow_while_the_burst_ran(100, 1.36), 600)
+    assert not [h for h in k.history if h[1] == "one_shot"], k.history
+    repeated = [n for n, a in enumerate(ran, 1) if 100 < n <= 150 and a == "one_shot"]
+    assert len(repeated) == 6  # the one repeated run
+    later = [n for n, a in enumerate(ran, 1) if 150 < n <= 600 and a == "one_shot"]
+    assert len(later) <= 0.02 * 600  # then within the exploration budget only

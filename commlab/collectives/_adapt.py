@@ -13,7 +13,9 @@ Per key (op, size bucket = a power of two, dtype, world size, world generation):
       time; ``typical`` cost of each algorithm's samples since the previous decision):
         another algorithm >= SWITCH faster than     -> it becomes `current`
           `current`'s calls next to its own and
-          `current`'s last WINDOW calls
+          `current`'s calls in the period (or than
+          the calls next to its own twice running)
+        faster only than the calls next to its own  -> a run of it next period (a hint)
         `current`'s cost moved > DRIFT              -> a burst period (BURST calls of
                                                        `current` and its contenders)
         else, within the budgets below              -> RUN calls of one contender in

@@ -60,6 +60,9 @@ class Key:
     rounds: int = 0  # steady explorations scheduled (which contender is next)
     deferred: bool = False  # a drift's burst waits until the budget allows it
     skipped: bool = False  # rank 0 left the previous decision point out (``may_skip``)
+    # a contender faster than the current's calls beside it but not than the period's:
+    # run again in the next period, where a second such paired reading switches to it
+    hint: str = ""
     history: list = field(default_factory=list)  # (call, algorithm, why) decisions
     budget: Any = None  # _fastcall.Budget: calls the C dispatch serves between picks
 
@@ -100,14 +103,13 @@ def _fresh(k: Key, alg: str) -> list[tuple[int, int]]:
 
 
 def _median(k: Key, alg: str, near: list[int] | None = None) -> float | None:
-    """The typical cost of ``alg``'s fresh samples: the last WINDOW, or those within
-    WINDOW records of the record numbers ``near`` (a contender's: paired in time)."""
+    """The typical cost of ``alg``'s fresh samples: all of them (the period's level), or
+    those within WINDOW records of the record numbers ``near`` (a contender's: paired in
+    time). None from fewer than 3."""
     fresh = _fresh(k, alg)
     if near:
         lo, hi = min(near) - WINDOW, max(near) + WINDOW
         fresh = [(r, w) for r, w in fresh if lo <= r <= hi]
-    else:
-        fresh = fresh[-WINDOW:]
     return typical(w for _, w in fresh) if len(fresh) >= 3 else None
 
 
@@ -119,33 +121,40 @@ def judge(k: Key) -> tuple[str, bool, str]:
     if cur is None:
         return k.current, False, ""
     best, best_r, seen = k.current, 1.0, ""
+    hint, k.hint, promising = k.hint, "", []
     for a in k.algorithms:
         s = _fresh(k, a)
         if a == k.current or not s:
             continue
         t = typical(w for _, w in s)
         base = _median(k, k.current, near=[r for r, _ in s]) or cur
-        k.ratio[a] = t / base
+        paired = k.ratio[a] = t / base
         evidence = (f"{len(s)} calls: {t / 1e3:.0f} us against {base / 1e3:.0f} beside them, "
-                    f"{cur / 1e3:.0f} last")
-        # a switch needs a median of 3 or more (faster than both the calls next to it
-        # and the last WINDOW: one window of a few calls is easily off on a busy
-        # machine), or one call HOPELESS**2 times faster
-        r = max(k.ratio[a], t / cur)
+                    f"{cur / 1e3:.0f} over the period")
+        # a switch needs 3 calls or more, faster than both the calls next to them and
+        # the period's (a few calls beside them are easily off on a busy machine), or
+        # than the calls beside them twice in a row (the period's level is unpaired: a
+        # machine that speeds up over the period hides a 1.2x faster contender measured
+        # early in it), or one call HOPELESS**2 times faster
+        r = paired if a == hint else max(paired, t / cur)
+        if len(s) >= 3 and paired <= 1 - SWITCH:
+            promising.append((paired, a))
         if (len(s) >= 3 or r < HOPELESS ** -2) and r < best_r:
-            best, best_r, seen = a, r, evidence
+            best, best_r, seen = a, r, evidence + ", a second paired reading" * (a == hint)
     k.ratio[k.current] = 1.0
     probe = k.calls <= PERIOD  # then a burst of the contenders worth measuring
     if best != k.current and best_r <= 1 - SWITCH:
         k.chosen_median = cur * best_r
         k.ratio = {a: r / best_r for a, r in k.ratio.items()}
         return best, probe, f"{best} {1 / best_r:.2f}x faster than {k.current} ({seen})"
+    if promising and not probe:
+        k.hint = min(promising)[1]
     if probe:
         near = [a for a in k.algorithms if a != k.current and k.ratio.get(a, 1.0) <= HOPELESS ** 2]
         return k.current, bool(near), f"probe: {', '.join(near)} within {HOPELESS ** 2:g}x" * bool(near)
     # the drift reads all the current algorithm's calls since the previous decision (the
     # last WINDOW alone moves past DRIFT on a busy host's noise, each time a burst)
-    level = typical(w for _, w in _fresh(k, k.current))
+    level = cur
     if not k.chosen_median:
         k.chosen_median = level
     drift = abs(level - k.chosen_median) / k.chosen_median
@@ -191,11 +200,15 @@ def may_skip(k: Key) -> bool:
 
 
 def contender(k: Key, cur: str) -> str:
-    """The contender the next period's run measures, "" for none: within the budget of
+    """The contender the next period's run measures, "" for none: the ``hint`` (a
+    paired reading to repeat; charged to the budget, never refused), else one within the budget of
     calls (EXPLORE), and of time: a HOPELESS one within HOPELESS_TIME of the key's time,
     the others within EXPLORE_TIME (the run's calls over `current`'s as last measured,
     and the two changes of algorithm), so that a key holding the best algorithm pays
     about 1% for watching the others."""
+    if k.hint and k.hint != cur:  # a paired reading to repeat: charged, not refused
+        k.near += RUN * max(k.ratio.get(k.hint, 1.0) - 1, 0.0) + 2 * SWITCH_COST
+        return k.hint
     if k.explored + RUN > EXPLORE * (k.calls + PERIOD // 2):
         return ""
     others = [a for a in k.algorithms if a != cur]
