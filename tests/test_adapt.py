@@ -456,7 +456,8 @@ def test_a_reader_that_collects_the_records_takes_none_from_online_selection(wor
 def _rank0_schedule(monkeypatch, k, cost, n_calls: int) -> tuple[list, list]:
     """Step rank 0's schedule call by call for key ``k``; each call's record costs
     ``cost(call, algorithm)`` ns from the previous call's end, and online selection
-    reads them as it does a book's (all since the last read, or the newest TAIL).
+    reads them as it does a CPU book's (``peek``: all since the last feed, or the newest
+    TAIL).
     Returns (the calls at which rank 0 judged, the algorithm each call ran)."""
     from types import SimpleNamespace
 
@@ -468,15 +469,10 @@ def _rank0_schedule(monkeypatch, k, cost, n_calls: int) -> tuple[list, list]:
     comm = SimpleNamespace(rank=0, control=ctl, world_size=2, generation=0)
     key = ("all_reduce", 13, "float32", 2, 0)
     comm.adapt = {key: k}
-    recs, read, judged, ran, tails = [], [0], [], [], []
-    book = SimpleNamespace(cpu=True, peek=lambda n: (tails.append(n), recs[-n:])[1])
-
-    def unread(comm):
-        new, read[0] = recs[read[0]:], len(recs)
-        return new
-
+    recs, judged, ran, tails = [], [], [], []
+    book = SimpleNamespace(cpu=True, peek=lambda n, after=0: (
+        tails.append(n), [r for r in recs if r.call >= after][-n:])[1])
     monkeypatch.setattr(_adapt._records, "book", lambda comm: book)
-    monkeypatch.setattr(_adapt, "_unread", unread)
     judge = _adapt_rules.judge
     monkeypatch.setattr(_adapt_rules, "judge", lambda k: (judged.append(k.calls), judge(k))[1])
     note, t = _adapt._Note(0), 0
@@ -489,7 +485,7 @@ def _rank0_schedule(monkeypatch, k, cost, n_calls: int) -> tuple[list, list]:
         recs.append(CallRecord("all_reduce", ran[-1], 4096, "float32", n, [t0, t0],
                                [t0, t0], [t, t]))
         ctl.seq += 1
-    assert tails, "a settled key reads the newest records only"
+    assert _adapt_rules.TAIL in tails, "a settled key reads the newest records only"
     return judged, ran
 
 

@@ -26,7 +26,8 @@ def _rings(world: int, done: dict[int, list[int]], counter: int) -> np.ndarray:
 def test_a_record_is_taken_once_every_rank_ended_it_and_given_up_once_overwritten():
     k = RECORD_RING + 3  # its slot is also record 3's
     rings = _rings(2, {k: [9, 9], k + 1: [9, 0]}, counter=k + 1)
-    lost, ready, stamps = records._states(rings, np.arange(2, k + 2))
+    lost, ready, slots = records._slots(rings, np.arange(2, k + 2))
+    stamps = slots[:, :, 1:].transpose(1, 2, 0).tolist()
     assert lost[2 - 2] and lost[3 - 2]  # their slots went round (record 3's holds k)
     assert not lost[5 - 2] and not ready[5 - 2]  # within the ring, never written: waits
     assert ready[k - 2] and not lost[k - 2]
@@ -63,12 +64,14 @@ def _peeked(comm):
     commlab.barrier()
     pending = len(book.pending)
     peeked = [r.call for r in book.peek(5)]
-    return peeked, pending, len(book.pending), [r.call for r in book.collect()][-5:]
+    since = [r.call for r in book.peek(100, after=peeked[2])]
+    return peeked, since, pending, len(book.pending), [r.call for r in book.collect()][-5:]
 
 
 def test_a_peek_reads_the_newest_records_and_leaves_them_to_the_next_collect(world):
-    for peeked, before, after, collected in world(_peeked, 2):
+    for peeked, since, before, after, collected in world(_peeked, 2):
         assert len(peeked) == 5 and peeked == list(range(peeked[0], peeked[0] + 5))
+        assert since == peeked[2:]  # from a record number on, however many are asked
         assert before == after >= 30  # nothing collected by the peek
         assert collected == peeked  # the collect still hands them out
 

@@ -23,17 +23,20 @@ import torch
 def _rank(comm, nbytes: int, calls: int):
     import commlab
     from commlab.collectives import _adapt
-    from commlab.runtime import records
-
     feeds = []
-    feed, book = _adapt.feed, records.book(comm)
+    feed, to_feed, fed = _adapt.feed, _adapt._to_feed, [0]
+
+    def counted(c):
+        recs = to_feed(c)
+        fed[0] = len(recs)
+        return recs
 
     def timed(c):
-        seen, t, p = book.seen if book else 0, time.perf_counter(), time.thread_time()
+        fed[0], t, p = 0, time.perf_counter(), time.thread_time()
         feed(c)
-        feeds.append((time.perf_counter() - t, time.thread_time() - p,
-                      (book.seen - seen) if book else 0))
+        feeds.append((time.perf_counter() - t, time.thread_time() - p, fed[0]))
 
+    _adapt._to_feed = counted
     _adapt.feed = timed
     x = torch.ones(nbytes // 4, dtype=torch.float32)
     for _ in range(150):  # past the key's learning periods
@@ -53,7 +56,7 @@ def _rank(comm, nbytes: int, calls: int):
     fixed = (time.perf_counter() - t) / calls
     return {"feeds": len(feeds), "feed_wall_us": [round(w * 1e6) for w, _, _ in feeds],
             "feed_cpu_us": [round(c * 1e6) for _, c, _ in feeds],
-            "records_collected": [n for _, _, n in feeds],
+            "records_fed": [n for _, _, n in feeds],
             "median_feed_us": statistics.median(w for w, _, _ in feeds) * 1e6 if feeds else 0,
             "held": held, "auto_us": auto * 1e6, "fixed_us": fixed * 1e6}
 

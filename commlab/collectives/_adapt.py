@@ -327,7 +327,7 @@ def feed(comm) -> None:
     # calls of that algorithm since the key changed to it)
     prev = getattr(comm, "adapt_prev", None)
     for rec in _to_feed(comm):  # kept lean: rank 0's critical path
-        end = max(rec.end)
+        end = rec.last_end
         key = (rec.op, max(rec.nbytes, 1).bit_length(), rec.dtype, world, generation)
         alg = rec.algorithm
         if prev is not None and prev[0] == rec.call:  # the call just before it is known
@@ -335,12 +335,12 @@ def feed(comm) -> None:
                 # it changed its key's algorithm and paid for the change (a waiting
                 # agreement, the devices' fence): its wire time, which leaves the
                 # agreement out (a new key's probe compares one such call of each)
-                cost, since = end - max(rec.entry), 0
+                cost, since = end - rec.last_entry, 0
             else:
                 cost = end - prev[1]
                 since = prev[4] + 1 if prev[2] == key else settle
         else:  # unknown: the wire time, taken as settled
-            cost, since = end - max(rec.entry), settle
+            cost, since = end - rec.last_entry, settle
         prev = (rec.call + rec.span, end, key, alg, since)
         got = stamps.get(key)
         if got is None:
@@ -356,32 +356,31 @@ def feed(comm) -> None:
 
 
 def _to_feed(comm) -> list:
-    """The records to learn from, past the last one fed: all of them where a call since
-    the previous feed ran another algorithm than its key's current (a probe, a burst, a
-    contender's run: each is compared with the calls beside it) or on GPUs, else the
-    newest TAIL (the current algorithms' level: building every call's record is rank 0's
-    Python on every CPU rank's critical path)."""
+    """The records to learn from, past the last one fed. CPU: in brief, read where they
+    lie (``Book.peek``): every one the ring holds where a call since the previous feed
+    ran another algorithm than its key's current (a probe, a burst, a contender's run:
+    each is compared with the calls beside it), else the newest TAIL (the current
+    algorithms' level: each record read is rank 0's Python on every CPU rank's critical
+    path). GPUs: every record, collected (a collect hands out the copy the previous one
+    started, so a burst's records may come a decision late; the decision's Python
+    overlaps the device's work there)."""
     book = _records.book(comm)
     if book is None:
         return []
-    if getattr(comm, "adapt_mixed", True) or not book.cpu:
-        # GPUs: every record (a collect hands out the copy the previous one started, so
-        # a burst's records may come a decision late; the decision's Python overlaps
-        # the device's work there)
-        comm.adapt_mixed = False
-        recs = _unread(comm)
-    else:
-        recs = book.peek(_rules.TAIL)
     after = getattr(comm, "adapt_fed", (None, 0))
-    if after[0] is book:
-        recs = [r for r in recs if r.call >= after[1]]
+    after = after[1] if after[0] is book else 0
+    if book.cpu:
+        mixed, comm.adapt_mixed = getattr(comm, "adapt_mixed", True), False
+        recs = book.peek(_records.RECORD_RING if mixed else _rules.TAIL, after)
+    else:
+        recs = [r for r in _unread(comm) if r.call >= after]
     if recs:
         comm.adapt_fed = (book, recs[-1].call + recs[-1].span)
     return recs
 
 
 def _unread(comm) -> list:
-    """The call records collected since ``feed`` (or ``skip``) last read them."""
+    """The call records collected since ``feed`` last read them (GPUs)."""
     book = _records.book(comm)
     if book is None:
         return []

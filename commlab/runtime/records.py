@@ -25,6 +25,7 @@ import itertools
 import threading
 from collections import deque
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -88,6 +89,16 @@ class CallRecord:
         return len(self.entry)
 
     @property
+    def last_entry(self) -> int:
+        """When the last rank entered the call (ns)."""
+        return max(self.entry)
+
+    @property
+    def last_end(self) -> int:
+        """When the last rank finished the call (ns)."""
+        return max(self.end)
+
+    @property
     def last_rank(self) -> int:
         return int(np.argmax(self.entry))
 
@@ -119,6 +130,20 @@ class CallRecord:
                 "arrived": self.arrived, "end": self.end, "last_rank": self.last_rank,
                 "late_us": self.late_ns / 1e3, "wire_us": self.wire_ns / 1e3,
                 "busbw_gbps": self.busbw_gbps}
+
+
+class Brief(NamedTuple):
+    """What ``Book.peek`` gives of a call: a ``CallRecord``'s names, its stamps reduced
+    to the last rank's entry and end (all online selection reads)."""
+
+    op: str
+    algorithm: str
+    nbytes: int
+    dtype: str
+    call: int
+    span: int
+    last_entry: int
+    last_end: int
 
 
 def _region(comm) -> torch.Tensor:
@@ -193,19 +218,24 @@ class Book:
         n = min(total - seen, len(done), limit)
         return done[len(done) - n:] if n > 0 else []
 
-    def peek(self, n: int) -> list[CallRecord]:
-        """The newest ``n`` complete records, oldest first, without collecting: those
-        already collected and the pending ones read where they lie (a later ``collect``
-        still hands those to its caller). For a reader that needs only the latest calls
-        (online selection between its explorations). GPUs: the collected ones only
-        (their rings come as asynchronous copies, each taken up by the next collect)."""
+    def peek(self, n: int, after: int = 0) -> list[Brief]:
+        """The newest ``n`` complete calls from record number ``after`` on, oldest first,
+        in brief, without collecting: those already collected and the pending ones read
+        where they lie (a later ``collect`` still hands those to its caller). For a
+        reader that needs only the calls' costs (online selection). GPUs: the collected
+        ones only (their rings come as asynchronous copies, each taken up by the next
+        collect)."""
         with self._lock:
-            done = list(itertools.islice(reversed(self.done), n))[::-1]
-            tail = list(itertools.islice(reversed(self.pending), n))[::-1]
+            done = [Brief(r.op, r.algorithm, r.nbytes, r.dtype, r.call, r.span, r.last_entry,
+                          r.last_end) for r in itertools.islice(
+                              itertools.takewhile(lambda r: r.call >= after, reversed(self.done)),
+                              n)][::-1]
+            tail = list(itertools.islice(itertools.takewhile(
+                lambda e: e[0] + 1 >= after, reversed(self.pending)), n))[::-1]
             rings = self._rings() if tail and self.cpu else None
             if rings is None:
                 return done
-            read = _read(tail, rings)
+            read = _read(tail, rings, brief=True)
             gone = max((i for i, r in enumerate(read) if r is None), default=-1)
             return (done + read[gone + 1:])[-n:]  # only the calls after a lost one
 
@@ -221,7 +251,7 @@ class Book:
         """[W, words] of every rank's records, or None while a GPU copy is in flight."""
         views = self._peer_views()
         if self.cpu:
-            return np.stack([v.numpy().copy() for v in views])
+            return np.stack([v.numpy() for v in views])  # a copy: the ranks write on
         snap, self._snap = self._snap, None
         got = None
         if snap is not None:
@@ -281,12 +311,16 @@ class Book:
         return out
 
 
-def _read(entries: list, rings: np.ndarray) -> list:
+def _read(entries: list, rings: np.ndarray, brief: bool = False) -> list:
     """The records of the noted calls ``entries`` (oldest first) in ``rings``, up to the
-    first that some rank has not finished: per call its CallRecord, or None where the
-    ring went round (lost)."""
+    first that some rank has not finished: per call its CallRecord (``brief``: its
+    Brief), or None where the ring went round (lost)."""
     k_lo = entries[0][0] + 1
-    lost, ready, rows = _states(rings, np.arange(k_lo, entries[-1][1] + 1))
+    lost, ready, rows = _slots(rings, np.arange(k_lo, entries[-1][1] + 1))
+    if brief:  # the last rank's entry and end of each record: no per-rank lists
+        firsts, lasts = rows[:, :, 1].max(axis=0).tolist(), rows[:, :, 3].max(axis=0).tolist()
+    else:
+        stamps = rows[:, :, 1:].transpose(1, 2, 0).tolist()
     out: list = []
     for k0, k1, op, alg, nbytes, dtype, meta in entries:
         a, b = k0 + 1 - k_lo, k1 + 1 - k_lo
@@ -301,22 +335,25 @@ def _read(entries: list, rings: np.ndarray) -> list:
             continue
         elif not all(ready[a:b]):
             break
-        first, last = rows[a], rows[b - 1]
-        out.append(CallRecord(op, alg, nbytes, dtype, k0 + 1, first[0], first[1], last[2],
-                              meta, k1 - k0))
+        if brief:
+            out.append(Brief(op, alg, nbytes, dtype, k0 + 1, k1 - k0, firsts[a], lasts[b - 1]))
+        else:
+            first, last = stamps[a], stamps[b - 1]
+            out.append(CallRecord(op, alg, nbytes, dtype, k0 + 1, first[0], first[1], last[2],
+                                  meta, k1 - k0))
     return out
 
 
-def _states(rings: np.ndarray, ks: np.ndarray) -> tuple[list, list, list]:
+def _slots(rings: np.ndarray, ks: np.ndarray) -> tuple[list, list, np.ndarray]:
     """For records ``ks`` of ``rings`` [W, words]: whether each is lost (the ring went
     round: its slot holds a later call's), whether every rank completed it, and its
-    stamps as [record][entry, arrived, end][rank] in Python ints: one numpy pass over the
-    pending records' slots, not the whole ring record by record."""
+    slots [W, record, (call, entry, arrived, end)]: one numpy pass over the pending
+    records' slots, not the whole ring record by record."""
     at = _RING_AT + _REC * ((ks - 1) % RECORD_RING)
-    rows = rings[:, at[:, None] + np.arange(_REC)]  # [W, n, (call, entry, arrived, end)]
+    rows = rings[:, at[:, None] + np.arange(_REC)]
     lost = ((rows[:, :, 0] > ks) | (rings[:, :1] - ks >= RECORD_RING)).any(axis=0)
     ready = ((rows[:, :, 0] == ks) & (rows[:, :, 3] != 0)).all(axis=0)
-    return lost.tolist(), ready.tolist(), rows[:, :, 1:].transpose(1, 2, 0).tolist()
+    return lost.tolist(), ready.tolist(), rows
 
 
 def book(comm) -> Book | None:
