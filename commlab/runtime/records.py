@@ -280,8 +280,8 @@ class Book:
     def settle(self) -> None:
         """Wait until the next ``collect`` hands out every call made so far whose records
         every rank has finished. GPUs: drops the copy in flight and takes a fresh one,
-        waiting for it (a synchronisation: for a benchmark's breaks and debugging reads,
-        never the call path). CPU: nothing to wait for."""
+        waiting for it (a synchronisation: for debugging reads such as ``recent`` and
+        checks, never the call path). CPU: nothing to wait for."""
         if self.cpu:
             return
         with self._lock:
