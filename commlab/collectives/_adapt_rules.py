@@ -36,6 +36,7 @@ EXPLORE = 0.02  # exploring calls per call at most (a key's first period aside)
 HOPELESS_TIME = 0.005  # HOPELESS algorithms' runs
 EXPLORE_TIME = 0.005  # the others' runs, their two changes of algorithm included
 SWITCH_COST = 1.0  # a change of algorithm (a waiting agreement), in calls of `current`
+HINT_WAIT = 3  # decisions a hint's run may take to reach rank 0 (the one that plans it too)
 
 
 @dataclass
@@ -61,8 +62,11 @@ class Key:
     deferred: bool = False  # a drift's burst waits until the budget allows it
     skipped: bool = False  # rank 0 left the previous decision point out (``may_skip``)
     # a contender faster than the current's calls beside it but not than the period's:
-    # run again in the next period, where a second such paired reading switches to it
+    # run once more in the next period, where a second such paired reading switches to
+    # it; judged at the first decision that has its run's records (GPUs: a decision
+    # late), given up after HINT_WAIT decisions
     hint: str = ""
+    hint_left: int = 0
     history: list = field(default_factory=list)  # (call, algorithm, why) decisions
     budget: Any = None  # _fastcall.Budget: calls the C dispatch serves between picks
 
@@ -121,7 +125,11 @@ def judge(k: Key) -> tuple[str, bool, str]:
     if cur is None:
         return k.current, False, ""
     best, best_r, seen = k.current, 1.0, ""
-    hint, k.hint, promising = k.hint, "", []
+    hint, promising = k.hint, []
+    if hint:  # judged now if its run's records came, else it waits a decision more
+        k.hint_left -= 1
+        if k.hint_left <= 0 or _fresh(k, hint):
+            k.hint = ""
     for a in k.algorithms:
         s = _fresh(k, a)
         if a == k.current or not s:
@@ -144,11 +152,11 @@ def judge(k: Key) -> tuple[str, bool, str]:
     k.ratio[k.current] = 1.0
     probe = k.calls <= PERIOD  # then a burst of the contenders worth measuring
     if best != k.current and best_r <= 1 - SWITCH:
-        k.chosen_median = cur * best_r
+        k.chosen_median, k.hint = cur * best_r, ""
         k.ratio = {a: r / best_r for a, r in k.ratio.items()}
         return best, probe, f"{best} {1 / best_r:.2f}x faster than {k.current} ({seen})"
-    if promising and not probe:
-        k.hint = min(promising)[1]
+    if promising and not probe and not k.hint:
+        k.hint, k.hint_left = min(promising)[1], HINT_WAIT
     if probe:
         near = [a for a in k.algorithms if a != k.current and k.ratio.get(a, 1.0) <= HOPELESS ** 2]
         return k.current, bool(near), f"probe: {', '.join(near)} within {HOPELESS ** 2:g}x" * bool(near)
@@ -191,12 +199,12 @@ def may_skip(k: Key) -> bool:
     """Whether rank 0 may leave out a period's decision (no records read, nothing
     judged; every rank then keeps the plan without a burst or an exploration): a
     settled key (past its first two periods) whose ending period ran no burst or
-    exploration, no drift's burst waiting, the previous decision point not left out. A
+    exploration, no drift's burst or hint waiting, the previous decision point not left out. A
     key that holds its algorithm is then judged every other period (on CPU a decision
     is rank 0's Python on every rank's critical path), and a change of the machine
     still shows as a drift within 2 periods."""
     return (k.calls > 2 * PERIOD and k.calls % PERIOD == 0 and not k.burst
-            and not k.explore and not k.deferred and not k.skipped)
+            and not k.explore and not k.deferred and not k.skipped and not k.hint)
 
 
 def contender(k: Key, cur: str) -> str:
@@ -206,7 +214,8 @@ def contender(k: Key, cur: str) -> str:
     the others within EXPLORE_TIME (the run's calls over `current`'s as last measured,
     and the two changes of algorithm), so that a key holding the best algorithm pays
     about 1% for watching the others."""
-    if k.hint and k.hint != cur:  # a paired reading to repeat: charged, not refused
+    if k.hint and k.hint_left == HINT_WAIT and k.hint != cur:  # just hinted: a paired
+        # reading to repeat once, charged to the budget, not refused
         k.near += RUN * max(k.ratio.get(k.hint, 1.0) - 1, 0.0) + 2 * SWITCH_COST
         return k.hint
     if k.explored + RUN > EXPLORE * (k.calls + PERIOD // 2):
