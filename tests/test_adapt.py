@@ -366,7 +366,8 @@ def test_a_wrong_tables_choice_is_left_right_after_the_probe_not_at_the_periods_
 def test_the_c_dispatchs_budget_ends_where_the_next_pick_would_not_run_current():
     # _quiet grants the C dispatch calls after a pick that _next would give the current
     # algorithm with no decision pending: every schedule (the probe, a burst, a steady
-    # exploration, plain periods) is stepped call by call and compared.
+    # exploration, plain periods, a decision point left out) is stepped call by call and
+    # compared.
     import copy
     from types import SimpleNamespace
 
@@ -375,7 +376,8 @@ def test_the_c_dispatchs_budget_ends_where_the_next_pick_would_not_run_current()
     comm = SimpleNamespace(rank=1, control=SimpleNamespace(seq=0))  # a peer: never decides
     algs = ("one_shot", "two_shot", "ring")
     plans = [dict(burst=algs, per=1), dict(burst=("one_shot", "two_shot")), dict(explore="ring"),
-             dict(explore="two_shot", burst=("one_shot",)), dict()]
+             dict(explore="two_shot", burst=("one_shot",)), dict(),
+             dict(quiet=2 * _adapt_rules.PERIOD)]  # a decision point left out
     checked = 0
     for plan in plans:
         for calls in range(0, 3 * _adapt_rules.PERIOD):

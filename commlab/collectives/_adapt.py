@@ -27,9 +27,10 @@ algorithm measured HOPELESS times slower than `current` only while the time its 
 cost over `current`'s stays within HOPELESS_TIME (0.5%) of the key's calls (a ring call
 can cost 100 others), any other only while its runs' time over `current`'s, the two
 algorithm changes of each run included (SWITCH_COST), stays within EXPLORE_TIME (0.5%).
-A settled key's decision points alternate: rank 0 leaves out every other one that
-follows a period without a burst or an exploration (``may_skip``: a decision costs
-rank 0's Python, on CPU on every rank's critical path).
+A settled key's decision points alternate: a decision that plans no burst or
+exploration says, in its word, that the next decision point is left out on every rank
+(``quiet_after``: a decision costs rank 0's Python, on CPU on every rank's critical
+path; the C dispatch serves the point left out).
 
 No agreement of its own: rank 0 writes its decision at call c (note word d % NOTES of
 its control block for the d-th decision point, tagged with the key and c, before it
@@ -207,7 +208,9 @@ def _next(comm, note: _Note, key: tuple, k: _rules.Key) -> str:
     k.calls += 1
     slot = k.calls % _rules.PERIOD
     alg = k.current
-    if slot == 0 or k.calls - len(k.algorithms) in _rules.PROBE_DECISIONS:  # a period's end, the probe's
+    if k.calls == k.quiet:  # left out, as rank 0's last decision said: the plan goes on
+        pass
+    elif slot == 0 or k.calls - len(k.algorithms) in _rules.PROBE_DECISIONS:  # a period's end, the probe's
         word = note.decisions % NOTES
         note.decisions += 1
         note.pending = (comm.control.seq + 1, key, k.calls, word,
@@ -233,7 +236,9 @@ def _quiet(k: _rules.Key) -> int:
     serve them without asking Python."""
     c = k.calls
     base = c - c % _rules.PERIOD
-    end = base + _rules.PERIOD  # the period's decision
+    end = base + _rules.PERIOD  # the period's decision (the next one's where it is left out)
+    if end == k.quiet:
+        end += _rules.PERIOD
     for p in _rules.PROBE_DECISIONS:
         if c < len(k.algorithms) + p < end:
             end = len(k.algorithms) + p
@@ -264,9 +269,11 @@ def _take(comm, note: _Note, seq: int, key: tuple, call: int, word: int,
         tag, c, cur, explore, burst = _decode(ctl.note(0, word))
         if k is not None and (tag, c) == (k.tag % (1 << 16), call % (1 << 32)):
             decision = (k.algorithms[cur], k.algorithms[explore] if explore >= 0 else "",
-                        tuple(a for i, a in enumerate(k.algorithms) if burst >> i & 1))
+                        tuple(a for i, a in enumerate(k.algorithms) if burst >> i & 1),
+                        bool(burst & _QUIET))
     if k is not None:
-        k.current, k.explore, k.burst = decision or (k.current, "", ())
+        k.current, k.explore, k.burst, quiet = decision or (k.current, "", (), False)
+        k.quiet = call + _rules.PERIOD if quiet else 0
         k.per = _rules.BURST
         k.decided += decision is not None
 
@@ -275,28 +282,29 @@ def _decide(comm, note: _Note, k: _rules.Key, word: int) -> tuple | None:
     """Rank 0: the next period's plan (current, explore, burst), written in note word
     ``word`` (None: a peer has not read what it holds yet; decide at the next period)."""
     ctl = comm.control
-    if _rules.may_skip(k):  # a settled key: judged every other period
-        k.skipped = True
-        return None
     seen = note.read_at[word]
     if seen and not all(ctl.published(r, seen) for r in ctl.peers):
         return None
-    k.skipped = False
     feed(comm)
     cur, burst, why = _rules.judge(k) if k.calls % _rules.PERIOD == 0 else _rules.after_probe(k)
     if why:
         k.history.append((k.calls, cur, why))
     explore = "" if burst else _rules.contender(k, cur)
     algs = _rules.burst_for(k, cur) if burst else ()
+    quiet = _rules.quiet_after(k, explore, algs)
     ctl.set_note(_encode(k.tag, k.calls, k.algorithms.index(cur),
                          k.algorithms.index(explore) if explore else -1,
-                         sum(1 << k.algorithms.index(a) for a in algs)), word)
-    return cur, explore, algs
+                         sum(1 << k.algorithms.index(a) for a in algs) | _QUIET * quiet), word)
+    return cur, explore, algs, quiet
+
+
+_QUIET = 1 << 7  # in the burst mask (7 algorithms at most): the next decision point is left out
 
 
 def _encode(tag: int, call: int, cur: int, explore: int, burst: int) -> int:
-    """One word below 2**63: call (32 bits) | tag (16) | burst mask (8) | explore + 1 (4)
-    | current (3); algorithms as indices into the key's ``algorithms``."""
+    """One word below 2**63: call (32 bits) | tag (16) | burst mask (8; its top bit
+    ``_QUIET``) | explore + 1 (4) | current (3); algorithms as indices into the key's
+    ``algorithms``."""
     return ((call % (1 << 32)) << 31 | (tag % (1 << 16)) << 15 | (burst & 0xFF) << 7
             | (explore + 1) << 3 | cur)
 

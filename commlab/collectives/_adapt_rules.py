@@ -60,7 +60,8 @@ class Key:
     near: float = 0.0  # the other steady explorations' time over it (changes included)
     rounds: int = 0  # steady explorations scheduled (which contender is next)
     deferred: bool = False  # a drift's burst waits until the budget allows it
-    skipped: bool = False  # rank 0 left the previous decision point out (``may_skip``)
+    quiet: int = 0  # every rank: the decision point left out (the call rank 0's last
+    #                 decision named, ``quiet_after``; 0: none)
     # a contender faster than the current's calls beside it but not than the period's:
     # run once more in the next period, where a second such paired reading switches to
     # it; judged at the first decision that has its run's records (GPUs: a decision
@@ -195,16 +196,16 @@ def burst_for(k: Key, cur: str) -> tuple[str, ...]:
     return tuple(a for a in k.algorithms if a == cur or k.ratio.get(a, 1.0) <= limit)
 
 
-def may_skip(k: Key) -> bool:
-    """Whether rank 0 may leave out a period's decision (no records read, nothing
-    judged; every rank then keeps the plan without a burst or an exploration): a
-    settled key (past its first two periods) whose ending period ran no burst or
-    exploration, no drift's burst or hint waiting, the previous decision point not left out. A
-    key that holds its algorithm is then judged every other period (on CPU a decision
-    is rank 0's Python on every rank's critical path), and a change of the machine
-    still shows as a drift within 2 periods."""
-    return (k.calls > 2 * PERIOD and k.calls % PERIOD == 0 and not k.burst
-            and not k.explore and not k.deferred and not k.skipped and not k.hint)
+def quiet_after(k: Key, explore: str, burst: tuple) -> bool:
+    """Whether the decision point after this decision (rank 0) is left out, on every rank
+    (no records read, nothing judged, no Python pick: the C dispatch serves it; the plan
+    goes on): a settled key (past its first two periods) whose next period runs no burst
+    or exploration, no drift's burst or hint waiting. A key that holds its algorithm is
+    then judged every other period (on CPU a decision is rank 0's Python on every rank's
+    critical path), and a change of the machine still shows as a drift within 2
+    periods."""
+    return (k.calls >= 2 * PERIOD and k.calls % PERIOD == 0 and not burst and not explore
+            and not k.deferred and not k.hint)
 
 
 def contender(k: Key, cur: str) -> str:
