@@ -25,8 +25,10 @@ adaptive block rank 0 drops the records of the fixed calls since the last one
 (``_adapt.forget``), then a barrier (the dropping is not the adaptive calls' to pay);
 its decisions read the records inside the adaptive calls, as in a program.
 Per call: rank 0's host time around the call (CPU: the interpreter finishes the kernel
-inside the call; cuda: a device synchronize after every call), the algorithm it ran and
-whether it waited in the agreement (the others ran ahead of it).
+inside the call; cuda: a device synchronize after every call), the algorithm it ran,
+whether it waited in the agreement (the others ran ahead of it) and whether rank 0 took a
+decision inside it; printed per phase, the time over the best split by those kinds of
+call (information: the judge's paired totals decide).
 
 Goals (issue 30 item 3), judged per phase from call 200 on and printed as PASS/FAIL:
   best   the adaptive calls take at most 3% more time in total than the phase's best
@@ -112,14 +114,16 @@ def _load_stop(handle, backend: str) -> None:
 
 def _time_calls(comm, x, algorithm: str, n: int, cuda: bool) -> tuple[list[float], list[str], list]:
     """``n`` calls: rank 0's host time of each, the algorithm online selection held after
-    it, and per call (the algorithm it ran, the waiting agreements it made)."""
+    it, and per call (the algorithm it ran, the waiting agreements it made, whether it
+    was a decision point that decided: rank 0's judgement ran inside it)."""
     import commlab
     from commlab.collectives import _adapt
 
     times, chosen, ran = [], [], []
     key = _adapt.key_for(comm, "all_reduce", x)
+    note = _adapt._note(comm)
     for _ in range(n):
-        w0 = comm.control.waits
+        w0, d0 = comm.control.waits, note.decisions
         t = time.perf_counter()
         commlab.all_reduce(x, algorithm=algorithm)
         if cuda:
@@ -127,7 +131,8 @@ def _time_calls(comm, x, algorithm: str, n: int, cuda: bool) -> tuple[list[float
         times.append((time.perf_counter() - t) * 1e6)
         st = _adapt._state(comm).get(key) if algorithm == "auto" else None
         chosen.append(st.current if st is not None else algorithm)
-        ran.append((st.last if st is not None else algorithm, comm.control.waits - w0))
+        ran.append((st.last if st is not None else algorithm, comm.control.waits - w0,
+                    note.decisions > d0))
     return times, chosen, ran
 
 
@@ -186,12 +191,14 @@ def _rank(comm, phases, fixed: int, calls: int, block: int, backend: str):
         out.append({"phase": name, "bytes": nbytes, "loaded_rank": comm.world_size - 1
                     if loaded else None, "loadavg": [load0, os.getloadavg()[0]],
                     "fixed_us": {a: typical(v) for a, v in fixed_t.items()},
-                    "fixed_times_us": fixed_t, "fixed_waits": {a: [w for _, w in v] for a, v
-                                                               in fixed_ran.items()},
+                    "fixed_times_us": fixed_t, "fixed_waits": {a: [w for _, w, _ in v]
+                                                               for a, v in fixed_ran.items()},
                     "learning_calls": 2 * _adapt_rules.PERIOD if new_key else 0,
                     "block": block, "ring_per_round": fixed,
                     "table": table, "adaptive_times_us": times, "adaptive_choice": chosen,
-                    "adaptive_ran": [a for a, _ in ran], "adaptive_waits": [w for _, w in ran],
+                    "adaptive_ran": [a for a, _, _ in ran],
+                    "adaptive_waits": [w for _, w, _ in ran],
+                    "adaptive_decided": [d for _, _, d in ran],
                     "history": _adapt.state(comm)[_adapt.key_for(comm, "all_reduce", x)][
                         "history"]})
     return out
@@ -298,9 +305,34 @@ def judge(p: dict, within: int = 200, near: float = 0.03, gain: float = 0.10) ->
                           held: 100 * sum(p["fixed_waits"][held]) / len(p["fixed_waits"][held])}
     r["explored_per_100"] = 100 * sum(a != c for a, c in zip(p["adaptive_ran"], chosen,
                                                              strict=True)) / len(times)
+    if "adaptive_decided" in p:  # records from 2026-12-06 (eighteenth session) on
+        r["excess_by_kind"] = _excess_by_kind(p, rounds, best)
     r["goal_best"] = r["paired_vs_best"] <= near
     r["goal_table"] = (not table_wrong) or r["paired_vs_table"] >= gain
     return r
+
+
+def _excess_by_kind(p: dict, rounds, best: str) -> dict:
+    """Where the adaptive calls' time over the best fixed algorithm's went, in the judged
+    rounds (each block's first call left out): per kind of call, (calls, their time over
+    the best's mean call, as a share of the best's time for all of them). Kinds: a
+    decision (rank 0 judged inside it), an exploration (it ran another algorithm than
+    the one held before and after it), a waiting call (its agreement waited), the held
+    calls. Unpaired, so
+    information only: the judge's paired totals decide."""
+    block, times = p["block"], p["adaptive_times_us"]
+    fixed = p["fixed_times_us"][best]
+    idx = [j for i in rounds for j in range(i * block + 1, (i + 1) * block)]
+    mean = sum(fixed[j] for j in idx) / len(idx)
+    kinds: dict = {}
+    for j in idx:
+        alg, held = p["adaptive_ran"][j], p["adaptive_choice"]
+        kind = ("decision" if p["adaptive_decided"][j] else "exploration"
+                if alg not in (held[j - 1], held[j]) else "waiting"
+                if p["adaptive_waits"][j] else "held")
+        n, over = kinds.get(kind, (0, 0.0))
+        kinds[kind] = (n + 1, over + times[j] - mean)
+    return {k: (n, over / (mean * len(idx))) for k, (n, over) in kinds.items()}
 
 
 def _svg(results: list[dict], title: str) -> str:
@@ -420,6 +452,9 @@ def _summary(res: list[dict]) -> list[str]:
             f"that did; waiting calls per 100: adaptive {p['waits_per_100']['adaptive']:.1f}, "
             f"fixed {p['waits_per_100'][p['held']]:.1f}; explored {p['explored_per_100']:.1f} "
             f"per 100")
+        if "excess_by_kind" in p:
+            summary.append("  over the best by kind of call: " + ", ".join(
+                f"{k} {over:+.1%} ({n})" for k, (n, over) in p["excess_by_kind"].items()))
         summary.append(f"  {'PASS' if p['goal_best'] else 'FAIL'} within 3% of the best "
                        f"from call 200 on")
         if p["table_wrong"]:

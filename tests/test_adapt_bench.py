@@ -107,3 +107,21 @@ def test_a_phase_too_short_to_judge_says_how_many_calls_it_needs():
     p = _phase("one_shot", 150.0, rounds=8)
     with pytest.raises(ValueError, match=r"more than 220 adaptive calls, it has 160"):
         adapt_bench.judge(p)
+
+
+def test_the_time_over_the_best_is_split_by_kind_of_call():
+    # a decision of +200 us every 50 calls, a ring exploration (+9900 us) every 500
+    p = _phase("one_shot", 150.0)
+    n = len(p["adaptive_times_us"])
+    p["adaptive_decided"] = [i % 50 == 19 for i in range(n)]
+    for i in range(n):
+        if p["adaptive_decided"][i]:
+            p["adaptive_times_us"][i] += 200.0
+        if i % 500 == 7:
+            p["adaptive_times_us"][i], p["adaptive_ran"][i] = 1e4, "ring"
+    kinds = adapt_bench.judge(p)["excess_by_kind"]
+    judged = sum(k[0] for k in kinds.values())
+    assert kinds["decision"][0] == 8 and kinds["exploration"][0] == 1  # rounds 5..29
+    assert kinds["decision"][1] == pytest.approx(8 * 200 / (100 * judged), rel=0.05)
+    assert kinds["exploration"][1] == pytest.approx(9900 / (100 * judged), rel=0.05)
+    assert abs(kinds["held"][1]) < 0.002
