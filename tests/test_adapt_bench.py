@@ -121,7 +121,7 @@ def test_the_time_over_the_best_is_split_by_kind_of_call():
             p["adaptive_times_us"][i], p["adaptive_ran"][i] = 1e4, "ring"
     kinds = adapt_bench.judge(p)["excess_by_kind"]
     judged = sum(k[0] for k in kinds.values())
-    assert kinds["decision"][0] == 8 and kinds["exploration"][0] == 1  # rounds 5..29
+    assert kinds["decision"][0] == 8 and kinds["exploration"][0] == 1  # calls 200-599
     assert kinds["decision"][1] == pytest.approx(8 * 200 / (100 * judged), rel=0.05)
     assert kinds["exploration"][1] == pytest.approx(9900 / (100 * judged), rel=0.05)
     assert abs(kinds["held"][1]) < 0.002
