@@ -375,13 +375,12 @@ def _to_feed(comm) -> list:
     book = _records.book(comm)
     if book is None:
         return []
-    after = getattr(comm, "adapt_fed", (None, 0))
-    after = after[1] if after[0] is book else 0
-    if book.cpu:
-        mixed, comm.adapt_mixed = getattr(comm, "adapt_mixed", True), False
-        recs = book.peek(_records.RECORD_RING if mixed else _rules.TAIL, after)
-    else:
-        recs = [r for r in _unread(comm) if r.call >= after]
+    if not book.cpu:
+        return _unread(comm)
+    after = getattr(comm, "adapt_fed", (None, 0))  # (book, the next record to feed)
+    mixed, comm.adapt_mixed = getattr(comm, "adapt_mixed", True), False
+    recs = book.peek(_records.RECORD_RING if mixed else _rules.TAIL,
+                     after[1] if after[0] is book else 0)
     if recs:
         comm.adapt_fed = (book, recs[-1].call + recs[-1].span)
     return recs

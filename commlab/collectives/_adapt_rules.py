@@ -161,12 +161,12 @@ def judge(k: Key) -> tuple[str, bool, str]:
     if probe:
         near = [a for a in k.algorithms if a != k.current and k.ratio.get(a, 1.0) <= HOPELESS ** 2]
         return k.current, bool(near), f"probe: {', '.join(near)} within {HOPELESS ** 2:g}x" * bool(near)
-    # the drift reads all the current algorithm's calls since the previous decision (the
-    # last WINDOW alone moves past DRIFT on a busy host's noise, each time a burst)
-    level = cur
+    # the drift reads all the current algorithm's calls since the previous decision, as
+    # `cur` is (the last WINDOW alone moves past DRIFT on a busy host's noise, each time
+    # a burst)
     if not k.chosen_median:
-        k.chosen_median = level
-    drift = abs(level - k.chosen_median) / k.chosen_median
+        k.chosen_median = cur
+    drift = abs(cur - k.chosen_median) / k.chosen_median
     if drift > DRIFT or k.deferred:  # the machine changed: measure the contenders afresh
         # a burst may overdraw the exploration budget once; later runs wait to repay it
         k.deferred = k.explored > EXPLORE * k.calls

@@ -111,7 +111,7 @@ class Watch:
         self.arrivals = []
         if book is not None:
             book.collect()
-            self.arrivals = list(book.done)[-(book.seen - seen):] if book.seen > seen else []
+            self.arrivals = book.since(seen, book.KEEP)
         ratio = max(r["comm_us"] / r["compute_us"] for r in rows)
         st = StepStats(len(self.history), ratio, rows,
                        straggler=arrivals.straggler(self.arrivals))
