@@ -12,7 +12,7 @@ import pytest
 
 from commlab.testing import WorldError, run_world
 from tests.conftest import assert_checks
-from tests.worlds.faults import fault_suite_world, killed_rank_world
+from tests.worlds.faults import fault_suite_world, finished_rank_world, killed_rank_world
 
 ENV = {"COMMLAB_TIMEOUT": "60"}
 
@@ -74,3 +74,19 @@ def test_a_rank_killed_inside_a_kernel_wait_is_named_within_seconds_and_leaves_n
     assert took < 50, took
     pids = [int((tmp_path / f"rank{r}").read_text()) for r in range(2)]
     assert_nothing_left(pids)
+
+
+def test_a_rank_that_finished_and_exited_does_not_fail_a_wait_still_served_by_another():
+    got = run_world(finished_rank_world, 3, kwargs={"signals": True}, timeout=120, env=ENV)
+    assert got[1] == {"rank 2 gone first": True}, got
+    assert got[0]["flag"] == 2 and got[0]["waited"] > 0.5, got
+
+
+def test_a_wait_for_a_signal_a_closed_rank_never_sent_times_out_naming_where_it_closed():
+    with pytest.raises(WorldError) as ei:
+        run_world(finished_rank_world, 3, kwargs={"signals": False}, timeout=120,
+                  env={"COMMLAB_TIMEOUT": "3"})
+    f = ei.value.failures
+    assert list(f) == [0], f
+    assert "CollectiveTimeoutError" in f[0] and "3 s timeout" in f[0], f[0]
+    assert "rank 2 closed its communicator after call #" in f[0], f[0]

@@ -58,6 +58,7 @@ if TYPE_CHECKING:
 SLOT = 256
 RING = 8  # slots per rank: how many calls may be published before peers check them
 _STATE, NOTES = 64, 4  # per rank, after the slots: the checked word, then NOTES note words
+_LEFT = 1 + NOTES  # then the left word: 1 + the last call published, once the rank closed
 _AHEAD_BIT = 1 << 32  # in the length word: published without waiting (see _ahead)
 _HDR = struct.Struct("<qqq")  # published seq, signature length, digest of the signature
 _WORD = struct.Struct("<qq")  # length, digest: written together after the body
@@ -187,6 +188,17 @@ class ControlBlock:
 
     def note(self, rank: int, word: int = 0) -> int:
         return self.words[(self._state(rank) >> 3) + 1 + word % NOTES]
+
+    def leave(self) -> None:
+        """Say this rank closed its communicator cleanly (``Communicator.close``, after its
+        device finished): every call it published is done on its side."""
+        self.words[(self._state(self.rank) >> 3) + _LEFT] = self.last_published + 1
+
+    def left_after(self, rank: int) -> int | None:
+        """The last call ``rank`` published before it closed cleanly; None while it has
+        not (``Membership.finished`` asks)."""
+        v = self.words[(self._state(rank) >> 3) + _LEFT]
+        return v - 1 if v else None
 
     def _published(self, rank: int) -> int:
         return max(_HDR.unpack_from(self.buf, self._slot(rank, s))[0] for s in range(RING))
@@ -345,7 +357,7 @@ class ControlBlock:
             if spins % 64 == 0:
                 waited = time.monotonic() - start
                 if self.members is not None:  # a lost member: no call can finish
-                    self.members.check(f"{sig.op} #{n}")
+                    self.members.check(f"{sig.op} #{n}", call=n)
                 elif waited > 0.05:
                     self._check_alive(n, sig, pending)
                 if waited > limit(self.timeout):

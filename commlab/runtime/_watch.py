@@ -27,11 +27,15 @@ class PeerWatch:
     def __call__(self, waited: float) -> None:
         op, n = self.where()
         self.members.check(f"a wait inside a kernel (the last collective entered: {op} #{n})"
-                           if op else "a wait inside a kernel", op)
+                           if op else "a wait inside a kernel", op, call=n)
         t = limit(self.timeout)
         if waited > t:
             control = ACTIVE[0]
             absent = control.absent() if control is not None else ""
+            left = [f"rank {r} closed its communicator after call #{at}" for r in
+                    self.members.lost() if (at := self.members.left_at(r)) is not None]
+            if left:  # done with this call on its side: the signal was never sent
+                absent = "; ".join(([absent] if absent else []) + left)
             raise CollectiveTimeoutError(
                 f"rank {self.members.rank}: a wait inside a kernel got no signal within the "
                 f"{t:g} s timeout; " + (f"{absent}; " if absent else "a peer is stuck or did "

@@ -169,6 +169,8 @@ class Communicator:
             self._device_sync()  # no check of calls that ran ahead: peers may be gone
         except Exception:  # a broken device must not stop the rest of the cleanup
             pass
+        if isinstance(self.control, ControlBlock):  # our part of every call is done
+            self.control.leave()
         if self.members is not None:  # the store's server stays until the peers are done
             self.members.leave()
         if self._local is not None:
@@ -298,6 +300,7 @@ def watch_kernels(comm: Communicator) -> None:
     if comm.backend == "cuda":
         comm.abort_watch = AbortWatch(comm.members, comm.wait_records)
         return
+    comm.members.departed = control.left_after  # a member done with a call is not lost in it
     liveness.set_watch(peer_watch(comm.members, control.timeout,
                                   lambda: (control._inside[1] or "", control.seq)))
 

@@ -15,6 +15,14 @@ one small file per peer (~10 us), so waits look at most every ``min(0.05, T / 4)
 (``_interpreter.liveness``), the agreement at least that often, so a death is noticed well
 within ``T``.
 
+**Done, not lost.** A member that closed its communicator cleanly (``commlab.finalize``,
+or the end of its process) after it published call ``n`` has done its part of every call
+up to ``n``: a wait inside such a call (``check(..., call=...)``) keeps waiting for the
+members still at work instead of raising because that member is gone. In a world of three,
+rank 2 may finish and exit while rank 0 still waits for rank 1's signal. The agreement
+block holds the word each member leaves (``departed``; on the CPU backend: a GPU kernel's
+abort word cannot tell). A later call needs it again, and then it is lost.
+
 **Agreeing on the survivors** (``agree``), through the world's store, which must outlive
 the ranks (the launcher's or the parent's store; a store rank 0 served died with it, and
 the shrink says so). A round over candidates ``M`` (the old members): each survivor writes
@@ -88,6 +96,8 @@ class Membership:
     hosts: tuple[int, ...] = ()  # each member's host, across hosts only (else empty)
     beats: Any = field(default=None, repr=False)  # _beats.Beats, across hosts only
     keys: tuple[str, ...] = ()  # each member's heartbeat key, across hosts (default: origin)
+    # the last call member r published before it closed cleanly, None while it has not
+    departed: Callable[[int], int | None] | None = field(default=None, repr=False)
     _dead: set = field(default_factory=set, repr=False)
     _next: float = field(default=0.0, repr=False)
 
@@ -120,22 +130,41 @@ class Membership:
         grow gave it (a newcomer's rank at the join can repeat a dead member's)."""
         return self.keys[r] if self.keys else str(self.origin[r])
 
-    def check(self, what: str, op: str | None = None) -> None:
+    def check(self, what: str, op: str | None = None, call: int | None = None) -> None:
         """Raise RankLostError if a member is lost (``what``: where this rank waits, e.g.
-        ``"all_reduce #12"``; ``op``: the collective, default ``what``'s first word);
-        cheap enough to call in every spin."""
+        ``"all_reduce #12"``; ``op``: the collective, default ``what``'s first word;
+        ``call``: the call waited in, whose members that ``finished`` it are not lost
+        for this wait); cheap enough to call in every spin."""
         if time.monotonic() >= self._next or self._dead:
             lost = self.lost()
+            if lost and call is not None:
+                lost = [r for r in lost if not self.finished(r, call)]
             if lost:
                 raise self.error(lost, what, op)
+
+    def finished(self, r: int, call: int) -> bool:
+        """Whether member ``r`` closed cleanly after publishing ``call``: it has done its
+        part of that call, so its absence does not stop a wait inside it."""
+        at = self.left_at(r)
+        return at is not None and at >= call
+
+    def left_at(self, r: int) -> int | None:
+        """The last call member ``r`` published before it closed cleanly (None: it has
+        not, or nothing here can tell)."""
+        return self.departed(r) if self.departed is not None else None
 
     def error(self, lost: list[int], what: str, op: str | None = None) -> RankLostError:
         survivors = [r for r in range(self.world_size) if r not in lost]
         op = what.split(" ")[0] if op is None else op
         gone = ", ".join(str(self.pids[r]) for r in lost)
+        left = {r: at for r in lost if (at := self.left_at(r)) is not None}
         msg = (f"{what} on rank {self.rank}: {_ranks(lost)} of {self.world_size} "
                f"{'was' if len(lost) == 1 else 'were'} lost (pid {gone} gone), so it cannot "
                f"finish. ")
+        if left:
+            msg += ("; ".join(f"rank {r} closed its communicator (commlab.finalize, or its "
+                              f"process ended) after call #{at}" for r, at in left.items())
+                    + ": every rank must make the same calls before it finalizes. ")
         if self.store_rank in lost:
             msg += (f"Rank {self.store_rank} served the world's store, so the survivors "
                     f"cannot agree on a smaller world: commlab.shrink() will refuse; start "

@@ -263,3 +263,39 @@ def killed_rank_world(comm, note_dir: str) -> dict:
     with open(os.path.join(note_dir, f"rank{comm.rank}"), "w") as f:
         f.write(str(os.getpid()))
     return killed_inside_kernel_world(comm)
+
+
+@triton.jit
+def _signal_kernel(flag_ptr, ctx, TO: tl.constexpr):
+    cl.notify(flag_ptr, TO, ctx, 1, sig_op="add")
+
+
+@triton.jit
+def _wait_kernel(flag_ptr, want, ctx):
+    cl.wait(flag_ptr, want, ctx)
+
+
+def finished_rank_world(comm, signals: bool) -> dict:
+    """Rank 0's kernel waits for a signal from each of ranks 1 and 2. Rank 2 sends its own
+    (or, ``signals`` False, none) and its process ends at once; rank 1 sends only once
+    rank 2's process is gone and rank 0 has waited beside its absence for a while."""
+    import time
+
+    from commlab.runtime.membership import alive
+
+    flag = commlab.symmetric_zeros((1,), dtype=torch.int32)
+    if comm.rank == 0:
+        t0 = time.monotonic()
+        _wait_kernel[(1,)](flag, 2, comm.context)
+        return {"flag": int(flag.item()), "waited": time.monotonic() - t0}
+    if comm.rank == 2:
+        if signals:
+            _signal_kernel[(1,)](flag, comm.context, TO=0)
+        return {}
+    pid, deadline = comm.members.pids[2], time.monotonic() + 30
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    gone = not alive(pid)
+    time.sleep(0.5)  # rank 0's wait looks at the members ten times meanwhile
+    _signal_kernel[(1,)](flag, comm.context, TO=0)
+    return {"rank 2 gone first": gone}
