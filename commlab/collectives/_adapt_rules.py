@@ -55,7 +55,7 @@ class Key:
     # rank 0 only: measurements and what they led to
     samples: dict = field(default_factory=dict)  # algorithm -> deque of (call, record, cost ns, unsettled)
     ratio: dict = field(default_factory=dict)  # algorithm -> last cost / current's
-    chosen_median: float = 0.0  # the current algorithm's cost when it was chosen
+    chosen_level: float = 0.0  # the current algorithm's cost when it was chosen
     excess: float = 0.0  # HOPELESS explorations' time over `current`, in its calls
     near: float = 0.0  # the other steady explorations' time over it (changes included)
     rounds: int = 0  # steady explorations scheduled (which contender is next)
@@ -107,7 +107,7 @@ def _fresh(k: Key, alg: str) -> list[tuple[int, int]]:
     return steady or [(r, w) for r, w, _ in fresh]
 
 
-def _median(k: Key, alg: str, near: list[int] | None = None) -> float | None:
+def _level(k: Key, alg: str, near: list[int] | None = None) -> float | None:
     """The typical cost of ``alg``'s fresh samples: all of them (the period's level), or
     those within WINDOW records of the record numbers ``near`` (a contender's: paired in
     time). None from fewer than 3."""
@@ -122,7 +122,7 @@ def judge(k: Key) -> tuple[str, bool, str]:
     """(current algorithm, burst next period, why) from the samples (rank 0). A
     contender is compared with the current algorithm's calls next to its own (a load
     that comes and goes on a shared machine moves both alike)."""
-    cur = _median(k, k.current)
+    cur = _level(k, k.current)
     if cur is None:
         return k.current, False, ""
     best, best_r, seen = k.current, 1.0, ""
@@ -136,7 +136,7 @@ def judge(k: Key) -> tuple[str, bool, str]:
         if a == k.current or not s:
             continue
         t = typical(w for _, w in s)
-        base = _median(k, k.current, near=[r for r, _ in s]) or cur
+        base = _level(k, k.current, near=[r for r, _ in s]) or cur
         paired = k.ratio[a] = t / base
         evidence = (f"{len(s)} calls: {t / 1e3:.0f} us against {base / 1e3:.0f} beside them, "
                     f"{cur / 1e3:.0f} over the period")
@@ -153,7 +153,7 @@ def judge(k: Key) -> tuple[str, bool, str]:
     k.ratio[k.current] = 1.0
     probe = k.calls <= PERIOD  # then a burst of the contenders worth measuring
     if best != k.current and best_r <= 1 - SWITCH:
-        k.chosen_median, k.hint = cur * best_r, ""
+        k.chosen_level, k.hint = cur * best_r, ""
         k.ratio = {a: r / best_r for a, r in k.ratio.items()}
         return best, probe, f"{best} {1 / best_r:.2f}x faster than {k.current} ({seen})"
     if promising and not probe and not k.hint:
@@ -164,14 +164,14 @@ def judge(k: Key) -> tuple[str, bool, str]:
     # the drift reads all the current algorithm's calls since the previous decision, as
     # `cur` is (the last WINDOW alone moves past DRIFT on a busy host's noise, each time
     # a burst)
-    if not k.chosen_median:
-        k.chosen_median = cur
-    drift = abs(cur - k.chosen_median) / k.chosen_median
+    if not k.chosen_level:
+        k.chosen_level = cur
+    drift = abs(cur - k.chosen_level) / k.chosen_level
     if drift > DRIFT or k.deferred:  # the machine changed: measure the contenders afresh
         # a burst may overdraw the exploration budget once; later runs wait to repay it
         k.deferred = k.explored > EXPLORE * k.calls
         if not k.deferred:
-            k.chosen_median = 0.0
+            k.chosen_level = 0.0
             return k.current, True, f"drift {drift:.0%}"
     return k.current, False, ""
 
