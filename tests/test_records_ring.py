@@ -65,15 +65,20 @@ def _peeked(comm):
     pending = len(book.pending)
     peeked = [r.call for r in book.peek(5)]
     since = [r.call for r in book.peek(100, after=peeked[2])]
-    return peeked, since, pending, len(book.pending), [r.call for r in book.collect()][-5:]
+    collected = book.collect()
+    again = book.peek(5)  # the collected calls, in brief
+    return (peeked, since, pending, len(book.pending), [r.call for r in collected][-5:],
+            [(b.call, b.last_end) for b in again],
+            [(r.call, r.last_end) for r in collected[-5:]])
 
 
 def test_a_peek_reads_the_newest_records_and_leaves_them_to_the_next_collect(world):
-    for peeked, since, before, after, collected in world(_peeked, 2):
+    for peeked, since, before, after, collected, again, last in world(_peeked, 2):
         assert len(peeked) == 5 and peeked == list(range(peeked[0], peeked[0] + 5))
         assert since == peeked[2:]  # from a record number on, however many are asked
         assert before == after >= 30  # nothing collected by the peek
         assert collected == peeked  # the collect still hands them out
+        assert again == last  # and a peek after it reads them from the collected
 
 
 def _forgotten(comm):

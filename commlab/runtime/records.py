@@ -124,6 +124,11 @@ class CallRecord:
         factor = BUS.get(self.op, lambda w: 1.0)(self.world)
         return self.nbytes * factor / self.wire_ns  # bytes per ns = GB/s
 
+    def brief(self) -> Brief:
+        """This call as ``Book.peek`` gives it."""
+        return Brief(self.op, self.algorithm, self.nbytes, self.dtype, self.call, self.span,
+                     self.last_entry, self.last_end)
+
     def to_dict(self) -> dict:
         return {"op": self.op, "algorithm": self.algorithm, "bytes": self.nbytes,
                 "dtype": self.dtype, "call": self.call, "entry": self.entry,
@@ -226,10 +231,8 @@ class Book:
         ones only (their rings come as asynchronous copies, each taken up by the next
         collect)."""
         with self._lock:
-            done = [Brief(r.op, r.algorithm, r.nbytes, r.dtype, r.call, r.span, r.last_entry,
-                          r.last_end) for r in itertools.islice(
-                              itertools.takewhile(lambda r: r.call >= after, reversed(self.done)),
-                              n)][::-1]
+            done = [r.brief() for r in itertools.islice(
+                itertools.takewhile(lambda r: r.call >= after, reversed(self.done)), n)][::-1]
             tail = list(itertools.islice(itertools.takewhile(
                 lambda e: e[0] + 1 >= after, reversed(self.pending)), n))[::-1]
             rings = self._rings() if tail and self.cpu else None
