@@ -65,9 +65,10 @@ def _peeked(comm):
     pending = len(book.pending)
     peeked = [r.call for r in book.peek(5)]
     since = [r.call for r in book.peek(100, after=peeked[2])]
+    left = len(book.pending)
     collected = book.collect()
     again = book.peek(5)  # the collected calls, in brief
-    return (peeked, since, pending, len(book.pending), [r.call for r in collected][-5:],
+    return (peeked, since, pending, left, [r.call for r in collected][-5:],
             [(b.call, b.last_end) for b in again],
             [(r.call, r.last_end) for r in collected[-5:]])
 
