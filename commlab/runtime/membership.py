@@ -19,9 +19,10 @@ within ``T``.
 or the end of its process) after it published call ``n`` has done its part of every call
 up to ``n``: a wait inside such a call (``check(..., call=...)``) keeps waiting for the
 members still at work instead of raising because that member is gone. In a world of three,
-rank 2 may finish and exit while rank 0 still waits for rank 1's signal. The agreement
-block holds the word each member leaves (``departed``; on the CPU backend: a GPU kernel's
-abort word cannot tell). A later call needs it again, and then it is lost.
+rank 2 may finish and exit while rank 0 still waits for rank 1's signal. Each member's
+left word lies in the agreement block and ``departed`` reads it; only the CPU backend's
+waits ask (a GPU kernel's abort word has no call to compare with). A later call needs
+the member again, and there it is lost.
 
 **Agreeing on the survivors** (``agree``), through the world's store, which must outlive
 the ranks (the launcher's or the parent's store; a store rank 0 served died with it, and
