@@ -40,82 +40,27 @@ how far a rank may run ahead of its peers' checks.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import struct
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from commlab import _config
 from commlab._interpreter import liveness
 from commlab.errors import CollectiveTimeoutError, CommlabUsageError, RankMismatchError
 from commlab.runtime._ahead import SYNC_HOOK, Ahead
+from commlab.runtime._signature import _CUT, _DIGEST, _HDR, SLOT, Record, Signature, digest
 
 if TYPE_CHECKING:
     from commlab.runtime.membership import Membership
 
-SLOT = 256
 RING = 8  # slots per rank: how many calls may be published before peers check them
 _STATE, NOTES = 64, 4  # per rank, after the slots: the checked word, then NOTES note words
 _LEFT = 1 + NOTES  # then the left word: 1 + the last call published, once the rank closed
 _AHEAD_BIT = 1 << 32  # in the length word: published without waiting (see _ahead)
-_HDR = struct.Struct("<qqq")  # published seq, signature length, digest of the signature
 _WORD = struct.Struct("<qq")  # length, digest: written together after the body
-_SIG_MAX = SLOT - _HDR.size
 ACTIVE: list = [None]  # the newest ControlBlock: the kernels' watch names absent ranks
 CALL_TIMEOUT: list = [None]  # seconds for the calls in progress (call_timeout), else None
-_CUT = b"\x1d"  # ends the kept prefix of a long signature; its digest follows
-_DIGEST = 16  # bytes of blake2b, written as hex
-
-
-@dataclass
-class Signature:
-    op: str
-    fields: dict  # name -> value, compared across ranks
-    error: str = ""  # local validation error, raised on every rank
-    hints: dict = field(default_factory=dict)  # field name -> the fix, when it differs
-
-    def encode(self) -> bytes:
-        items = sorted(self.fields.items(), key=lambda kv: len(str(kv[1])))  # long last
-        body = self.op + "\x1f" + self.error + "\x1f" + "\x1e".join(
-            f"{k}={v}" for k, v in items
-        )
-        raw = body.encode()
-        if len(raw) <= _SIG_MAX:
-            return raw
-        digest = hashlib.blake2b(raw, digest_size=_DIGEST).hexdigest().encode()
-        return raw[: _SIG_MAX - len(_CUT) - len(digest)] + _CUT + digest
-
-    @staticmethod
-    def decode(raw: bytes) -> Signature:
-        """The fields a (possibly cut) encoding still holds whole; ``hints["cut"]`` is set
-        when the encoding was cut (its last field dropped, being partial)."""
-        cut = _CUT in raw
-        if cut:
-            raw = raw[: raw.rindex(_CUT)]
-        parts = raw.decode(errors="replace").split("\x1f", 2) + ["", ""]
-        op, error, rest = parts[:3]
-        kvs = rest.split("\x1e")
-        if cut:
-            kvs = kvs[:-1]
-        fields = dict(kv.split("=", 1) for kv in kvs if "=" in kv)
-        return Signature(op, fields, error, {"cut": "1"} if cut else {})
-
-
-def digest(raw: bytes) -> int:
-    """64 bits of blake2b: what a repeated call's check compares with each peer's."""
-    return int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "little", signed=True)
-
-
-@dataclass(frozen=True, eq=False)
-class Record:
-    """A launch plan's agreement record, made once: the signature, its encoding and digest.
-    Publishing it again writes one 8-byte word when the slot already holds it."""
-
-    sig: Signature
-    raw: bytes
-    digest: int
 
 
 @contextlib.contextmanager
