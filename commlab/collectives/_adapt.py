@@ -16,10 +16,8 @@ Per key (op, size bucket = a power of two, dtype, world size, world generation):
           `current`'s calls in the period (or than
           the calls next to its own twice running)
         faster only than the calls next to its own  -> a run of it next period (a hint)
-        `current`'s cost moved by d > DRIFT         -> a burst period (BURST calls of
-                                                       `current` and the contenders
-                                                       less than 1 + d times slower;
-                                                       none: the new level is kept)
+        `current`'s cost moved > DRIFT              -> a burst period (BURST calls of
+                                                       `current` and its contenders)
         else, within the budgets below              -> RUN calls of one contender in
                                                        the middle of the next period
     all other calls: `current`

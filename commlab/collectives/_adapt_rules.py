@@ -60,7 +60,6 @@ class Key:
     near: float = 0.0  # the other steady explorations' time over it (changes included)
     rounds: int = 0  # steady explorations scheduled (which contender is next)
     deferred: bool = False  # a drift's burst waits until the budget allows it
-    reach: float = HOPELESS  # a drift's burst measures the contenders within this ratio
     quiet: int = 0  # every rank: the decision point left out (the call rank 0's last
     #                 decision named, ``quiet_after``; 0: none)
     # a contender faster than the current's calls beside it but not than the period's:
@@ -168,16 +167,7 @@ def judge(k: Key) -> tuple[str, bool, str]:
     if not k.chosen_level:
         k.chosen_level = cur
     drift = abs(cur - k.chosen_level) / k.chosen_level
-    if drift > DRIFT:  # the machine changed: measure the contenders afresh, those it may
-        # have put ahead: a contender r times slower overtakes a current algorithm that
-        # slowed by the drift only if r < 1 + drift (unless it got faster itself, which
-        # steady runs find)
-        k.reach = min(HOPELESS, 1 + drift)
-        if not any(k.ratio.get(a, 1.0) < k.reach for a in k.algorithms if a != k.current):
-            k.chosen_level = cur  # the new level; the order stands
-            return k.current, False, (f"drift {drift:.0%}, every contender more than "
-                                      f"{k.reach:.2f}x slower: no burst")
-    if drift > DRIFT or k.deferred:
+    if drift > DRIFT or k.deferred:  # the machine changed: measure the contenders afresh
         # a burst may overdraw the exploration budget once; later runs wait to repay it
         k.deferred = k.explored > EXPLORE * k.calls
         if not k.deferred:
@@ -200,11 +190,10 @@ def after_probe(k: Key) -> tuple[str, bool, str]:
 
 def burst_for(k: Key, cur: str) -> tuple[str, ...]:
     """A burst (after the probe or a drift): the current algorithm and its contenders
-    (after a drift those within its ``reach``, never the HOPELESS; after the probe, whose
-    one call each is a rough guide, not those HOPELESS**2 slower)."""
-    if k.calls <= PERIOD:
-        return tuple(a for a in k.algorithms if a == cur or k.ratio.get(a, 1.0) <= HOPELESS ** 2)
-    return tuple(a for a in k.algorithms if a == cur or k.ratio.get(a, 1.0) < k.reach)
+    (not the HOPELESS; after the probe, whose one call each is a rough guide, not those
+    HOPELESS**2 slower)."""
+    limit = HOPELESS ** 2 if k.calls <= PERIOD else HOPELESS
+    return tuple(a for a in k.algorithms if a == cur or k.ratio.get(a, 1.0) <= limit)
 
 
 def quiet_after(k: Key, explore: str, burst: tuple) -> bool:
