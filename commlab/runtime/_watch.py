@@ -32,8 +32,7 @@ class PeerWatch:
         if waited > t:
             control = ACTIVE[0]
             absent = control.absent() if control is not None else ""
-            left = [f"rank {r} closed its communicator after call #{at}" for r in
-                    self.members.lost() if (at := self.members.left_at(r)) is not None]
+            left = self.members.departures(self.members.lost())
             if left:  # done with this call on its side: the signal was never sent
                 absent = "; ".join(([absent] if absent else []) + left)
             raise CollectiveTimeoutError(

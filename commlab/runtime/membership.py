@@ -154,18 +154,24 @@ class Membership:
         not, or nothing here can tell)."""
         return self.departed(r) if self.departed is not None else None
 
+    def departures(self, ranks) -> list[str]:
+        """"rank r closed its communicator after call #n" for each of ``ranks`` that
+        closed cleanly (the errors of a wait it cannot serve say so)."""
+        return [f"rank {r} closed its communicator after call #{at}" for r in ranks
+                if (at := self.left_at(r)) is not None]
+
     def error(self, lost: list[int], what: str, op: str | None = None) -> RankLostError:
         survivors = [r for r in range(self.world_size) if r not in lost]
         op = what.split(" ")[0] if op is None else op
         gone = ", ".join(str(self.pids[r]) for r in lost)
-        left = {r: at for r in lost if (at := self.left_at(r)) is not None}
+        left = self.departures(lost)
         msg = (f"{what} on rank {self.rank}: {_ranks(lost)} of {self.world_size} "
                f"{'was' if len(lost) == 1 else 'were'} lost (pid {gone} gone), so it cannot "
                f"finish. ")
         if left:
-            msg += ("; ".join(f"rank {r} closed its communicator (commlab.finalize, or its "
-                              f"process ended) after call #{at}" for r, at in left.items())
-                    + ": every rank must make the same calls before it finalizes. ")
+            said = "; ".join(left)
+            msg += (said[0].upper() + said[1:] + " (commlab.finalize, or its process ended): "
+                    "every rank must make the same calls before it finalizes. ")
         if self.store_rank in lost:
             msg += (f"Rank {self.store_rank} served the world's store, so the survivors "
                     f"cannot agree on a smaller world: commlab.shrink() will refuse; start "
