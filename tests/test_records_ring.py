@@ -4,10 +4,11 @@ as lost (the ring went round), and which wait for a rank still running."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 import commlab
-from commlab.runtime import records
+from commlab.runtime import _native, records
 from commlab.runtime.heap import RECORD_RING
 
 
@@ -26,13 +27,36 @@ def _rings(world: int, done: dict[int, list[int]], counter: int) -> np.ndarray:
 def test_a_record_is_taken_once_every_rank_ended_it_and_given_up_once_overwritten():
     k = RECORD_RING + 3  # its slot is also record 3's
     rings = _rings(2, {k: [9, 9], k + 1: [9, 0]}, counter=k + 1)
-    lost, ready, slots = records._slots(rings, np.arange(2, k + 2))
-    stamps = slots[:, :, 1:].transpose(1, 2, 0).tolist()
-    assert lost[2 - 2] and lost[3 - 2]  # their slots went round (record 3's holds k)
-    assert not lost[5 - 2] and not ready[5 - 2]  # within the ring, never written: waits
-    assert ready[k - 2] and not lost[k - 2]
-    assert not ready[k + 1 - 2]  # rank 1 still runs record k + 1
+    ks = range(2, k + 2)
+    status, stamps = records._marks(*records._gather(*records._ring_views(list(rings)), ks),
+                                    ks, brief=False)
+    assert status[2 - 2] == status[3 - 2] == records.LOST  # their slots went round
+    assert status[5 - 2] == records.WAITING  # within the ring, never written: waits
+    assert status[k - 2] == records.READY
+    assert status[k + 1 - 2] == records.WAITING  # rank 1 still runs record k + 1
     assert stamps[k - 2] == [[100 * k, 100 * k + 1], [100 * k + 50] * 2, [9, 9]]
+
+
+def test_the_c_read_of_records_in_brief_gives_what_the_numpy_read_gives():
+    fast = _native.module()
+    if fast is None:
+        pytest.skip("the C twin is not built here (COMMLAB_NATIVE=0 or no compiler)")
+    rng = np.random.default_rng(0)
+    for world in (1, 2, 4):
+        count = 3 * RECORD_RING + 17
+        done = {k: [int(v) for v in rng.integers(0, 3, world)]  # 0: that rank still runs it
+                for k in range(count - RECORD_RING - 5, count + 1) if rng.random() < 0.9}
+        words = list(_rings(world, done, counter=count))
+        for ks in (range(count - 30, count + 1), range(count - RECORD_RING - 4, count + 2),
+                   range(1, 40), range(count - RECORD_RING + 1, count - RECORD_RING + 2)):
+            status, (firsts, lasts) = records._marks(
+                *records._gather(*records._ring_views(words), ks), ks, brief=True)
+            rings, counts = records._ring_views(words)
+            got = fast.records_brief(tuple(r.ctypes.data for r in rings),
+                                     tuple(c.ctypes.data for c in counts), ks[0], len(ks),
+                                     RECORD_RING)
+            assert (list(got[0]), got[1], got[2]) == (status, firsts, lasts), (world, ks)
+            assert set(status) == {records.LOST, records.READY, records.WAITING} or len(ks) < 40
 
 
 def _many_calls(comm):

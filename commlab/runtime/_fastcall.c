@@ -25,6 +25,10 @@
  * unaligned pointer, ...), having changed nothing the Python path would not change the
  * same way: the caller then takes _plan.fast_call, which raises what must be raised. The
  * Python objects (ControlBlock, Ahead, Outputs) stay the one owner of every state.
+ *
+ * records_brief reads call records where they lie in every rank's shared memory (online
+ * selection's decision on CPU, runtime/records.py): a few microseconds where numpy's
+ * dozen passes cost a decision some hundred on every rank's critical path.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -1028,7 +1032,69 @@ static PyObject *use_tensor_type(PyObject *mod, PyObject *type) {
     Py_RETURN_NONE;
 }
 
+/* records_brief(rings, counts, k_lo, n, ring_len): online selection's read of the call
+ * records k_lo .. k_lo+n-1 (runtime/records.py, Book.peek on CPU) where they lie in every
+ * rank's shared memory. rings: each rank's ring address ([ring_len][call, entry, arrived,
+ * end] int64); counts: each rank's count word's address, read after the slots (a slot
+ * rewritten while it was read reads as lost). Returns (status, last entries, last ends):
+ * per record 0 waiting (a rank has not finished it), 1 ready, 2 lost (the ring went
+ * round), and the latest entry and end over the ranks. */
+static PyObject *records_brief(PyObject *unused, PyObject *args) {
+    PyObject *rings, *counts;
+    long long k_lo, n, ring;
+    if (!PyArg_ParseTuple(args, "O!O!LLL", &PyTuple_Type, &rings, &PyTuple_Type, &counts,
+                          &k_lo, &n, &ring))
+        return NULL;
+    Py_ssize_t w = PyTuple_GET_SIZE(rings);
+    if (w < 1 || w > 4096 || PyTuple_GET_SIZE(counts) != w || n < 0 || ring < 1 || k_lo < 1) {
+        PyErr_SetString(PyExc_ValueError, "records_brief: 1..4096 ranks, as many counts, "
+                        "n >= 0, ring >= 1, k_lo >= 1");
+        return NULL;
+    }
+    const volatile int64_t *at[4096];
+    for (Py_ssize_t r = 0; r < w; r++) {
+        at[r] = (const volatile int64_t *)PyLong_AsVoidPtr(PyTuple_GET_ITEM(rings, r));
+        if (!at[r]) return PyErr_Occurred() ? NULL : PyErr_Format(PyExc_ValueError, "null ring");
+    }
+    PyObject *status = PyBytes_FromStringAndSize(NULL, n);
+    PyObject *firsts = PyList_New(n), *lasts = PyList_New(n);
+    if (!status || !firsts || !lasts) goto fail;
+    char *st = PyBytes_AS_STRING(status);
+    for (long long i = 0; i < n; i++) {
+        long long k = k_lo + i, slot = ((k - 1) % ring) * 4;
+        int64_t first = 0, last = 0;
+        char s = 1;
+        for (Py_ssize_t r = 0; r < w; r++) {
+            int64_t call = at[r][slot], entry = at[r][slot + 1], end = at[r][slot + 3];
+            if (call > k) s = 2;
+            else if ((call != k || end == 0) && s == 1) s = 0;
+            if (entry > first) first = entry;
+            if (end > last) last = end;
+        }
+        st[i] = s;
+        PyObject *a = PyLong_FromLongLong(first), *b = PyLong_FromLongLong(last);
+        if (!a || !b) { Py_XDECREF(a); Py_XDECREF(b); goto fail; }
+        PyList_SET_ITEM(firsts, i, a);
+        PyList_SET_ITEM(lasts, i, b);
+    }
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    long long count = 0;
+    for (Py_ssize_t r = 0; r < w; r++) {
+        const volatile int64_t *c = (const volatile int64_t *)PyLong_AsVoidPtr(
+            PyTuple_GET_ITEM(counts, r));
+        if (!c) { if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "null count"); goto fail; }
+        if (*c > count) count = *c;
+    }
+    for (long long i = 0; i < n && k_lo + i <= count - ring; i++) st[i] = 2;
+    return Py_BuildValue("(NNN)", status, firsts, lasts);
+fail:
+    Py_XDECREF(status); Py_XDECREF(firsts); Py_XDECREF(lasts);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
+    {"records_brief", records_brief, METH_VARARGS,
+     "(status, last entries, last ends) of call records k_lo.. in every rank's ring"},
     {"item_refcount", item_refcount, METH_O, "Py_REFCNT(lst[0])"},
     {"use_tensor_type", use_tensor_type, METH_O,
      "ask tensors of exactly this type (torch.Tensor) through its descriptors"},

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from commlab import _config, _interpreter
+from commlab.runtime import _native
 from commlab.runtime.heap import RECORD_OFFSET, RECORD_RING, RECORD_STAMPS
 
 LAUNCHES = [0]  # recording kernel launches this process made (GPU: which record is whose)
@@ -173,6 +174,9 @@ class Book:
         self.seen = 0  # records collected so far (all time)
         self._snap: tuple | None = None  # GPU: (event, pinned [W, words]) in flight
         self._views: list | None = None
+        self._ring_views: tuple | None = None  # CPU: (rings, count words), numpy views
+        # CPU: (C read, ring and count addresses); (): no C twin; None: not asked yet
+        self._native: tuple | None = None
         self._lock = threading.Lock()  # collect: the caller's thread or a live view's
         self.wanted = False  # GPU: a live view asked for a collect at the next call
 
@@ -235,10 +239,9 @@ class Book:
                 itertools.takewhile(lambda r: r.call >= after, reversed(self.done)), n)][::-1]
             tail = list(itertools.islice(itertools.takewhile(
                 lambda e: e[0] + 1 >= after, reversed(self.pending)), n))[::-1]
-            rings = self._rings() if tail and self.cpu else None
-            if rings is None:
+            if not (tail and self.cpu):
                 return done
-            read = _read(tail, rings, brief=True)
+            read = _read(tail, self._marks, brief=True)
             gone = max((i for i, r in enumerate(read) if r is None), default=-1)
             return (done + read[gone + 1:])[-n:]  # only the calls after a lost one
 
@@ -250,22 +253,44 @@ class Book:
                            for r in range(self.world)]
         return self._views
 
-    def _rings(self) -> np.ndarray | None:
-        """[W, words] of every rank's records, or None while a GPU copy is in flight."""
-        views = self._peer_views()
+    def _rings(self) -> tuple[list, list] | None:
+        """Every rank's record ring, [RECORD_RING, (call, entry, arrived, end)] each, and
+        its count word: CPU, views of the shared words (read where they lie); GPUs, the
+        copy started at the previous read, or None while it is in flight."""
         if self.cpu:
-            return np.stack([v.numpy() for v in views])  # a copy: the ranks write on
+            if self._ring_views is None:
+                self._ring_views = _ring_views([v.numpy() for v in self._peer_views()])
+            return self._ring_views
+        views = self._peer_views()
         snap, self._snap = self._snap, None
         got = None
         if snap is not None:
             event, pinned = snap
             if event.query():
-                got = pinned.numpy().copy()
+                got = _ring_views(list(pinned.numpy().copy()))
             else:
                 self._snap = snap
                 return None
         self._start_copy(views)
         return got
+
+    def _marks(self, ks: range, brief: bool) -> tuple | None:
+        """``_marks`` of records ``ks`` on every rank; None while a GPU copy is in flight.
+        CPU, in brief: read in C where the C twin is built (one decision's read is rank
+        0's time on every CPU rank's critical path)."""
+        if brief and self.cpu and self._native != ():
+            if self._native is None:
+                mod = _native.module()
+                rings, counts = self._rings() or ([], [])
+                self._native = () if mod is None else (
+                    mod.records_brief, tuple(r.ctypes.data for r in rings),
+                    tuple(c.ctypes.data for c in counts))
+            if self._native:
+                fn, rings, counts = self._native
+                status, firsts, lasts = fn(rings, counts, ks[0], len(ks), RECORD_RING)
+                return status, (firsts, lasts)
+        got = self._rings()
+        return None if got is None else _marks(*_gather(*got, ks), ks, brief)
 
     def _start_copy(self, views) -> torch.cuda.Event:
         dev = self.comm.device
@@ -301,11 +326,8 @@ class Book:
     def _collect(self) -> list[CallRecord]:
         if not self.pending:
             return []
-        rings = self._rings()
-        if rings is None:
-            return []
         out: list[CallRecord] = []
-        for rec in _read(list(self.pending), rings):
+        for rec in _read(list(self.pending), self._marks):
             self.pending.popleft()
             if rec is not None:  # None: overwritten or mismatched, given up
                 out.append(rec)
@@ -314,32 +336,29 @@ class Book:
         return out
 
 
-def _read(entries: list, rings: np.ndarray, brief: bool = False) -> list:
-    """The records of the noted calls ``entries`` (oldest first) in ``rings``, up to the
-    first that some rank has not finished: per call its CallRecord (``brief``: its
-    Brief), or None where the ring went round (lost)."""
-    k_lo = entries[0][0] + 1
-    lost, ready, rows = _slots(rings, np.arange(k_lo, entries[-1][1] + 1))
-    if brief:  # the last rank's entry and end of each record: no per-rank lists
-        firsts, lasts = rows[:, :, 1].max(axis=0).tolist(), rows[:, :, 3].max(axis=0).tolist()
-    else:
-        stamps = rows[:, :, 1:].transpose(1, 2, 0).tolist()
+def _read(entries: list, marks, brief: bool = False) -> list:
+    """The records of the noted calls ``entries`` (oldest first), their states and
+    stamps from ``marks`` (``Book._marks``), up to the first that some rank has not
+    finished: per call its CallRecord (``brief``: its Brief), or None where the ring went
+    round (lost). [] while a GPU copy is in flight."""
+    ks = range(entries[0][0] + 1, entries[-1][1] + 1)
+    got = marks(ks, brief)
+    if got is None:
+        return []
+    status, stamps = got
+    k_lo = ks[0]
     out: list = []
     for k0, k1, op, alg, nbytes, dtype, meta in entries:
         a, b = k0 + 1 - k_lo, k1 + 1 - k_lo
-        if b - a == 1:  # one record (most calls): no slices
-            if lost[a]:
-                out.append(None)
-                continue
-            if not ready[a]:
-                break
-        elif any(lost[a:b]):
+        part = status[a:b]
+        if LOST in part:
             out.append(None)
             continue
-        elif not all(ready[a:b]):
+        if WAITING in part:
             break
         if brief:
-            out.append(Brief(op, alg, nbytes, dtype, k0 + 1, k1 - k0, firsts[a], lasts[b - 1]))
+            out.append(Brief(op, alg, nbytes, dtype, k0 + 1, k1 - k0, stamps[0][a],
+                             stamps[1][b - 1]))
         else:
             first, last = stamps[a], stamps[b - 1]
             out.append(CallRecord(op, alg, nbytes, dtype, k0 + 1, first[0], first[1], last[2],
@@ -347,16 +366,44 @@ def _read(entries: list, rings: np.ndarray, brief: bool = False) -> list:
     return out
 
 
-def _slots(rings: np.ndarray, ks: np.ndarray) -> tuple[list, list, np.ndarray]:
-    """For records ``ks`` of ``rings`` [W, words]: whether each is lost (the ring went
-    round: its slot holds a later call's), whether every rank completed it, and its
-    slots [W, record, (call, entry, arrived, end)]: one numpy pass over the pending
-    records' slots, not the whole ring record by record."""
-    at = _RING_AT + _REC * ((ks - 1) % RECORD_RING)
-    rows = rings[:, at[:, None] + np.arange(_REC)]
-    lost = ((rows[:, :, 0] > ks) | (rings[:, :1] - ks >= RECORD_RING)).any(axis=0)
-    ready = ((rows[:, :, 0] == ks) & (rows[:, :, 3] != 0)).all(axis=0)
-    return lost.tolist(), ready.tolist(), rows
+def _ring_views(words: list[np.ndarray]) -> tuple[list, list]:
+    """Per rank's words [words]: its ring as a [RECORD_RING, (call, entry, arrived, end)]
+    view and its count word (a view: read when used)."""
+    return ([w[_RING_AT:_STAMPS_AT].reshape(RECORD_RING, _REC) for w in words],
+            [w[:1] for w in words])
+
+
+def _gather(rings: list, counts: list, ks: range) -> tuple[np.ndarray, int]:
+    """The slots of records ``ks`` in ``rings`` (``_ring_views``), [W, len(ks), 4] (a copy:
+    the ranks write on), and the most records a rank has opened, read after them (a slot
+    rewritten while it was copied reads as lost)."""
+    i0, n = (ks[0] - 1) % RECORD_RING, len(ks)
+    if i0 + n <= RECORD_RING:  # one stretch of the ring (most reads): slices
+        rows = np.stack([r[i0:i0 + n] for r in rings])
+    else:
+        at = (np.arange(ks[0], ks[0] + n) - 1) % RECORD_RING
+        rows = np.stack([r[at] for r in rings])
+    return rows, max(int(c[0]) for c in counts)
+
+
+WAITING, READY, LOST = 0, 1, 2  # a record's state (``_marks``)
+
+
+def _marks(rows: np.ndarray, count: int, ks: range, brief: bool) -> tuple[list, list]:
+    """For records ``ks`` whose slots on every rank are ``rows`` [W, record, (call,
+    entry, arrived, end)], ``count`` the most records a rank has opened: each one's state
+    (LOST: the ring went round, its slot holds a later call's; READY: every rank
+    completed it; else WAITING) and its stamps: [record][entry, arrived, end][rank], or
+    in ``brief`` (the latest entry of each record, the latest end). The C twin's
+    ``records_brief`` reads the same in brief."""
+    k = np.arange(ks[0], ks[-1] + 1)
+    calls = rows[:, :, 0]
+    lost = (calls > k).any(axis=0) | (k <= count - RECORD_RING)
+    ready = ((calls == k) & (rows[:, :, 3] != 0)).all(axis=0)
+    status = np.where(lost, LOST, np.where(ready, READY, WAITING)).tolist()
+    if brief:
+        return status, [rows[:, :, 1].max(axis=0).tolist(), rows[:, :, 3].max(axis=0).tolist()]
+    return status, rows[:, :, 1:].transpose(1, 2, 0).tolist()
 
 
 def book(comm) -> Book | None:
