@@ -48,6 +48,8 @@ costly calls), which algorithms are within 3% of the best by that median
 (``within_3pct``; unpaired: ``within_3pct_unpaired``) and from which call online
 selection held one of them (``settled_after_calls``: a machine that changes within a
 phase, such as two-shot falling into a 2x slower mode beside a loaded rank, moves it).
+Each phase also keeps what rank 0's decisions read (``judged``: per decision the call,
+the algorithm it held, whether a burst followed, the paired ratios, the hint).
 ``--rejudge FILE`` judges a saved record again. On CPU, a phase is --calls 1000 (32
 judged rounds).
 Writes bench/results/adapt-<backend>-w<N>.json and .svg (the machine's load average at
@@ -142,9 +144,20 @@ def _rank(comm, phases, fixed: int, calls: int, block: int, backend: str):
 
     cuda = backend == "cuda"
     out = []
+    judged: list = []  # rank 0: (call, current, burst, ratios, hint) at each judged decision
+    judge = _adapt_rules.judge
+    if comm.rank == 0:  # what each decision read (information; the rules are unchanged)
+        def logged(k):
+            got = judge(k)
+            judged.append([k.calls, got[0], got[1],
+                           {a: round(r, 3) for a, r in k.ratio.items()}, k.hint])
+            return got
+
+        _adapt_rules.judge = logged
     fixed_from = _adapt.mark(comm)  # the records since the last adaptive block (warm-ups too)
     for name, nbytes, loaded in phases:
         load0 = os.getloadavg()[0]
+        judged0 = len(judged)
         tuned = _select._tuned
         if name == "stale":  # a table measured elsewhere: ring for this size
             _select.use_tuning(lambda c, op, dtype, nb, n=nbytes, t=tuned: "ring" if (
@@ -200,7 +213,8 @@ def _rank(comm, phases, fixed: int, calls: int, block: int, backend: str):
                     "adaptive_waits": [w for _, w, _ in ran],
                     "adaptive_decided": [d for _, _, d in ran],
                     "history": _adapt.state(comm)[_adapt.key_for(comm, "all_reduce", x)][
-                        "history"]})
+                        "history"], "judged": judged[judged0:]})
+    _adapt_rules.judge = judge
     return out
 
 

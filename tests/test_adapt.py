@@ -399,32 +399,37 @@ def test_a_call_costs_its_cycle_where_the_call_before_it_was_recorded(monkeypatc
     # the cost rank 0 learns from is the last rank's end to end (what a loop of calls
     # waits for) when the previous record is the call just before; else the wire time;
     # a call that changed its key's algorithm costs its wire time (it also paid for the
-    # change); it and the call after it are marked unsettled
+    # change) and it and the call after it are marked unsettled, also where other calls
+    # came between the key's two calls (another size, a program's fixed calls)
     from types import SimpleNamespace
 
     from commlab.collectives import _adapt, _adapt_rules
     from commlab.runtime.records import CallRecord
 
-    def rec(call, entry, end, span=1, algorithm="one_shot"):
-        return CallRecord("all_reduce", algorithm, 4096, "float32", call, entry, entry,
+    def rec(call, entry, end, span=1, algorithm="one_shot", nbytes=4096):
+        return CallRecord("all_reduce", algorithm, nbytes, "float32", call, entry, entry,
                           end, {}, span)
 
-    recs = [rec(1, [0, 50], [100, 200], span=2),  # nothing before it: wire 150
+    recs = [rec(1, [0, 50], [100, 200], span=2),  # the key's first: a change, wire 150
             rec(3, [210, 260], [500, 450]),  # right after: 500 - 200 = 300 (wire 240)
-            rec(7, [900, 905], [1000, 990]),  # records 4-6 not fed: wire 95
+            rec(7, [900, 905], [1000, 990]),  # records 4-6 not fed: wire 95, settled
             rec(8, [1010, 1020], [1100, 1090], algorithm="two_shot"),  # changed: its wire
             rec(9, [1110, 1120], [1300, 1280], algorithm="two_shot"),  # 1300 - 1100
-            rec(10, [1310, 1310], [1450, 1440], algorithm="two_shot")]  # settled: 150
+            rec(10, [1310, 1310], [1450, 1440], algorithm="two_shot"),  # settled: 150
+            rec(11, [1460, 1470], [1500, 1490], nbytes=64),  # another key between
+            rec(12, [1510, 1520], [1600, 1590]),  # back to one_shot: a change, wire 80
+            rec(13, [1610, 1620], [1700, 1690])]  # the call after it: 100, unsettled
     monkeypatch.setattr(_adapt, "_to_feed", lambda comm: recs)
     comm = SimpleNamespace(world_size=2, generation=0)
     key = ("all_reduce", 4096 .bit_length(), "float32", 2, 0)
     k = _adapt_rules.Key(("one_shot", "two_shot"), "one_shot", "one_shot", tag=1)
     comm.adapt = {key: k}
     _adapt.feed(comm)
-    assert [v[2:] for v in k.samples["one_shot"]] == [(150, False), (300, False), (95, False)]
+    assert [v[2:] for v in k.samples["one_shot"]] == [
+        (150, True), (300, True), (95, False), (80, True), (100, True)]
     # the change and the call after it are unsettled (SETTLE = 2)
     assert [v[2:] for v in k.samples["two_shot"]] == [(80, True), (200, True), (150, False)]
-    assert comm.adapt_prev == (11, 1450, key, "two_shot", 2)
+    assert comm.adapt_prev == (14, 1700) and k.fed == ("one_shot", 1)
 
 
 def test_a_typical_cost_is_a_trimmed_mean_so_alternating_calls_count_both():

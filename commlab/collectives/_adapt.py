@@ -320,8 +320,9 @@ def _decode(v: int) -> tuple[int, int, int, int, int]:
 def feed(comm) -> None:
     """Give every key the cost of its calls recorded since the last feed: the cycle (the
     last rank's end of the previous call to its end of this one: what a loop of calls
-    waits for) where the previous call's record came just before and ran the same
-    algorithm, else the wire time; the SETTLE calls from a change of algorithm on are
+    waits for) where the previous call's record came just before, else the wire time; a
+    call that ran another algorithm than its key's previous call (a change, whatever
+    calls came between) costs its wire time, and it and the call after it (SETTLE) are
     marked unsettled (used only where nothing else is).
     The cycle sees what the wire leaves out: on a rank that shares its core, the
     scheduler's pauses land outside some algorithms' windows and inside others'.
@@ -331,35 +332,33 @@ def feed(comm) -> None:
     world, generation = comm.world_size, comm.generation
     settle, maxlen = _rules.SETTLE, _rules.PERIOD
     stamps: dict = {}  # key -> (its Key or None, the calls stamped on its samples)
-    # the last record fed: (next call's record number, its last end, key, algorithm,
-    # calls of that algorithm since the key changed to it)
-    prev = getattr(comm, "adapt_prev", None)
+    prev = getattr(comm, "adapt_prev", None)  # the last record fed: (next record, its end)
     for rec in _to_feed(comm):  # kept lean: rank 0's critical path
         end = rec.last_end
         key = (rec.op, max(rec.nbytes, 1).bit_length(), rec.dtype, world, generation)
         alg = rec.algorithm
-        if prev is not None and prev[0] == rec.call:  # the call just before it is known
-            if prev[2] == key and prev[3] != alg:
-                # it changed its key's algorithm and paid for the change (a waiting
-                # agreement, the devices' fence): its wire time, which leaves the
-                # agreement out (a new key's probe compares one such call of each)
-                cost, since = end - rec.last_entry, 0
-            else:
-                cost = end - prev[1]
-                since = prev[4] + 1 if prev[2] == key else settle
-        else:  # unknown: the wire time, taken as settled
-            cost, since = end - rec.last_entry, settle
-        prev = (rec.call + rec.span, end, key, alg, since)
+        before, prev = prev, (rec.call + rec.span, end)
         got = stamps.get(key)
         if got is None:
             k = keys.get(key)
             got = stamps[key] = (k, _rules.calls_of(k) if k is not None else 0)
         k, stamp = got
-        if k is not None:  # the change and the calls right after it are marked unsettled
-            s = k.samples.get(alg)
-            if s is None:
-                s = k.samples[alg] = deque(maxlen=maxlen)
-            s.append((stamp, rec.call, max(cost, 1), since < settle))
+        if k is None:
+            continue
+        if k.fed[0] != alg:
+            # it changed its key's algorithm and paid for the change (a waiting
+            # agreement, the devices' fence): its wire time, which leaves the agreement
+            # out (a new key's probe compares one such call of each)
+            cost, since = end - rec.last_entry, 0
+        else:
+            cost = end - (before[1] if before is not None and before[0] == rec.call
+                          else rec.last_entry)
+            since = min(k.fed[1] + 1, settle)
+        k.fed = (alg, since)
+        s = k.samples.get(alg)
+        if s is None:
+            s = k.samples[alg] = deque(maxlen=maxlen)
+        s.append((stamp, rec.call, max(cost, 1), since < settle))
     comm.adapt_prev = prev
 
 

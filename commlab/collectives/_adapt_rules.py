@@ -54,6 +54,7 @@ class Key:
     decided: int = 0  # rank 0's decisions taken (the others were skipped)
     # rank 0 only: measurements and what they led to
     samples: dict = field(default_factory=dict)  # algorithm -> deque of (call, record, cost ns, unsettled)
+    fed: tuple = ("", SETTLE)  # the algorithm of the last record fed, its calls since a change
     ratio: dict = field(default_factory=dict)  # algorithm -> last cost / current's
     chosen_level: float = 0.0  # the current algorithm's cost when it was chosen
     excess: float = 0.0  # HOPELESS explorations' time over `current`, in its calls
