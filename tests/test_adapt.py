@@ -588,6 +588,31 @@ def test_a_contender_faster_beside_it_but_not_than_the_period_is_run_again_and_t
     assert all(a == "one_shot" for a in ran[160:])
 
 
+def test_a_contender_read_much_slower_once_is_read_again_early_and_taken(monkeypatch):
+    # the burst after the probe reads one-shot 1.24x slower than two-shot (a busy spell:
+    # it is 0.85x); a second reading comes in the next period, not when the budget
+    # allows a run some 500 calls later, and takes it
+    k = _two_shot_table_key()
+    _, ran = _rank0_schedule(monkeypatch, k, _slow_while_the_burst_ran(85, 2.33), 600)
+    assert not [h for h in k.history if h[0] == 100], k.history  # the burst: no switch
+    took = next(c for c, a, why in k.history if a == "one_shot")
+    assert took == 150, k.history
+    assert all(a == "one_shot" for a in ran[160:])
+
+
+def test_a_contender_read_twice_slower_is_left_to_the_budget(monkeypatch):
+    # one_shot 1.3x slower, read so in the burst and again in the next period: no third
+    # early run; later runs within the exploration budget only
+    k = _two_shot_table_key()
+    _, ran = _rank0_schedule(monkeypatch, k, lambda n, a: 1000 * (100 if a == "two_shot"
+                                                                  else 130), 1000)
+    assert k.reads["one_shot"] >= 2 and not [h for h in k.history if h[1] == "one_shot"]
+    early = [n for n, a in enumerate(ran, 1) if 100 < n <= 150 and a == "one_shot"]
+    later = [n for n, a in enumerate(ran, 1) if 150 < n <= 1000 and a == "one_shot"]
+    assert len(early) == 6  # RUN: the second reading
+    assert len(later) <= 0.02 * 1000
+
+
 def test_a_hints_run_read_a_decision_late_is_still_judged_on_its_own(monkeypatch):
     # the records come a decision late (a GPU collect hands out the previous copy): the
     # repeated run's are judged at the decision after the next, paired again

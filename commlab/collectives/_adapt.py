@@ -16,6 +16,8 @@ Per key (op, size bucket = a power of two, dtype, world size, world generation):
           `current`'s calls in the period (or than
           the calls next to its own twice running)
         faster only than the calls next to its own  -> a run of it next period (a hint)
+        a contender read once only (a burst's few   -> a run of it next period (its second
+          calls), within HOPELESS                      reading)
         `current`'s cost moved > DRIFT              -> a burst period (BURST calls of
                                                        `current` and its contenders)
         else, within the budgets below              -> RUN calls of one contender in

@@ -69,6 +69,8 @@ class Key:
     # late), given up after HINT_WAIT decisions
     hint: str = ""
     hint_left: int = 0
+    reads: dict = field(default_factory=dict)  # rank 0: a contender's paired readings
+    confirming: set = field(default_factory=set)  # those whose second reading was planned
     history: list = field(default_factory=list)  # (call, algorithm, why) decisions
     budget: Any = None  # _fastcall.Budget: calls the C dispatch serves between picks
 
@@ -147,8 +149,10 @@ def judge(k: Key) -> tuple[str, bool, str]:
         # machine that speeds up over the period hides a 1.2x faster contender measured
         # early in it), or one call HOPELESS**2 times faster
         r = paired if a == hint else max(paired, t / cur)
-        if len(s) >= 3 and paired <= 1 - SWITCH:
-            promising.append((paired, a))
+        if len(s) >= 3:
+            k.reads[a] = k.reads.get(a, 0) + 1
+            if paired <= 1 - SWITCH:
+                promising.append((paired, a))
         if (len(s) >= 3 or r < HOPELESS ** -2) and r < best_r:
             best, best_r, seen = a, r, evidence + ", a second paired reading" * (a == hint)
     k.ratio[k.current] = 1.0
@@ -211,7 +215,8 @@ def quiet_after(k: Key, explore: str, burst: tuple) -> bool:
 
 def contender(k: Key, cur: str) -> str:
     """The contender the next period's run measures, "" for none: the ``hint`` (a
-    paired reading to repeat; charged to the budget, never refused), else one within the budget of
+    paired reading to repeat; charged to the budget, never refused), a contender read
+    only once (its second reading: the same), else one within the budget of
     calls (EXPLORE), and of time: a HOPELESS one within HOPELESS_TIME of the key's time,
     the others within EXPLORE_TIME (the run's calls over `current`'s as last measured,
     and the two changes of algorithm), so that a key holding the best algorithm pays
@@ -220,9 +225,16 @@ def contender(k: Key, cur: str) -> str:
         # reading to repeat once, charged to the budget, not refused
         k.near += RUN * max(k.ratio.get(k.hint, 1.0) - 1, 0.0) + 2 * SWITCH_COST
         return k.hint
+    others = [a for a in k.algorithms if a != cur]
+    for a in others:  # read once (a burst's few calls), not HOPELESS: once more, early,
+        # charged to the budget, not refused (a busy host easily reads 4 calls 25% off,
+        # and the budget would next run it hundreds of calls later)
+        if k.reads.get(a) == 1 and a not in k.confirming and k.ratio.get(a, 1.0) <= HOPELESS:
+            k.confirming.add(a)
+            k.near += RUN * max(k.ratio.get(a, 1.0) - 1, 0.0) + 2 * SWITCH_COST
+            return a
     if k.explored + RUN > EXPLORE * (k.calls + PERIOD // 2):
         return ""
-    others = [a for a in k.algorithms if a != cur]
     for i in range(len(others)):
         a = others[(k.rounds + i) % len(others)]
         r = k.ratio.get(a, 1.0)
