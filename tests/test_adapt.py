@@ -351,7 +351,7 @@ def test_a_wrong_tables_choice_is_left_right_after_the_probe_not_at_the_periods_
         k.calls = len(k.algorithms) + 1  # the call after the probe: rank 0's first decision
         for i, (a, ns) in enumerate((("one_shot", 900_000), ("two_shot", 3_000_000),
                                      ("ring", ring_ns))):
-            k.samples[a] = deque([(i + 1, i + 1, ns, i > 0)])
+            k.samples[a] = deque([(i + 1, i + 1, ns, _adapt_rules.SETTLE if i == 0 else 0)])
         return k
 
     k = probed(40_000_000)  # ring's one call took 44x one-shot's
@@ -425,10 +425,11 @@ def test_a_call_costs_its_cycle_where_the_call_before_it_was_recorded(monkeypatc
     k = _adapt_rules.Key(("one_shot", "two_shot"), "one_shot", "one_shot", tag=1)
     comm.adapt = {key: k}
     _adapt.feed(comm)
+    # each with its calls since the key's change: the change and the call after it are
+    # unsettled (SETTLE = 2)
     assert [v[2:] for v in k.samples["one_shot"]] == [
-        (150, True), (300, True), (95, False), (80, True), (100, True)]
-    # the change and the call after it are unsettled (SETTLE = 2)
-    assert [v[2:] for v in k.samples["two_shot"]] == [(80, True), (200, True), (150, False)]
+        (150, 0), (300, 1), (95, 2), (80, 0), (100, 1)]
+    assert [v[2:] for v in k.samples["two_shot"]] == [(80, 0), (200, 1), (150, 2)]
     assert comm.adapt_prev == (14, 1700) and k.fed == ("one_shot", 1)
 
 
@@ -611,6 +612,40 @@ def test_a_contender_read_twice_slower_is_left_to_the_budget(monkeypatch):
     later = [n for n, a in enumerate(ran, 1) if 150 < n <= 1000 and a == "one_shot"]
     assert len(early) == 6  # RUN: the second reading
     assert len(later) <= 0.02 * 1000
+
+
+def _warming(one_shot: int, slow=(2.0, 1.6, 1.4, 1.25, 1.1)):
+    """two-shot 100 us, one-shot ``one_shot`` us; the calls right after a change of
+    algorithm, whichever it is, cost ``slow`` times their steady cost (the ranks'
+    pipeline refilling)."""
+    last = ["", 0]
+
+    def cost(n, a):
+        last[1] = 0 if a != last[0] else last[1] + 1
+        last[0] = a
+        warm = slow[last[1]] if last[1] < len(slow) else 1.0
+        return int(1000 * (100 if a == "two_shot" else one_shot) * warm)
+
+    return cost
+
+
+def test_a_run_is_compared_with_the_current_algorithms_calls_as_soon_after_a_change(
+        monkeypatch):
+    # one-shot is 0.85x two-shot, but its runs' settled calls (the 3rd-6th after the
+    # change) still cost 1.19x its steady ones: read against two-shot's steady calls
+    # it looks 1.01x and is never taken; against two-shot's own 3rd-6th calls after its
+    # change back, 0.85x
+    k = _two_shot_table_key()
+    _, ran = _rank0_schedule(monkeypatch, k, _warming(85), 600)
+    took = next((c for c, a, why in k.history if a == "one_shot"), None)
+    assert took is not None and took <= 200, k.history
+    assert sum(a == "one_shot" for a in ran[300:]) > 280
+
+
+def test_warming_calls_do_not_make_a_slower_contender_look_faster(monkeypatch):
+    k = _two_shot_table_key()
+    _, ran = _rank0_schedule(monkeypatch, k, _warming(110), 1000)
+    assert not [h for h in k.history if h[1] == "one_shot"], k.history
 
 
 def test_a_hints_run_read_a_decision_late_is_still_judged_on_its_own(monkeypatch):

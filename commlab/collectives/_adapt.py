@@ -300,6 +300,8 @@ def _decide(comm, note: _Note, k: _rules.Key, word: int) -> tuple | None:
     return cur, explore, algs, quiet
 
 
+_SINCE_MAX = 255  # a sample's calls since its key's change, counted up to this
+
 _QUIET = 1 << 7  # in the burst mask (7 algorithms at most): the next decision point is left out
 
 
@@ -324,15 +326,17 @@ def feed(comm) -> None:
     last rank's end of the previous call to its end of this one: what a loop of calls
     waits for) where the previous call's record came just before, else the wire time; a
     call that ran another algorithm than its key's previous call (a change, whatever
-    calls came between) costs its wire time, and it and the call after it (SETTLE) are
-    marked unsettled (used only where nothing else is).
+    calls came between) costs its wire time; each sample keeps its calls since its
+    key's last change (the change and the call after it, SETTLE, are unsettled: used
+    only where nothing else is; a contender's run is compared with the current
+    algorithm's calls as soon after their own change, ``_adapt_rules.judge``).
     The cycle sees what the wire leaves out: on a rank that shares its core, the
     scheduler's pauses land outside some algorithms' windows and inside others'.
     Reads the book's records past its own cursor, so a reader that collects them too
     (``%dist_watch``, ``records.recent``) takes none away."""
     keys = _state(comm)
     world, generation = comm.world_size, comm.generation
-    settle, maxlen = _rules.SETTLE, _rules.PERIOD
+    maxlen = _rules.PERIOD
     stamps: dict = {}  # key -> (its Key or None, the calls stamped on its samples)
     prev = getattr(comm, "adapt_prev", None)  # the last record fed: (next record, its end)
     for rec in _to_feed(comm):  # kept lean: rank 0's critical path
@@ -355,12 +359,12 @@ def feed(comm) -> None:
         else:
             cost = end - (before[1] if before is not None and before[0] == rec.call
                           else rec.last_entry)
-            since = min(k.fed[1] + 1, settle)
+            since = min(k.fed[1] + 1, _SINCE_MAX)
         k.fed = (alg, since)
         s = k.samples.get(alg)
         if s is None:
             s = k.samples[alg] = deque(maxlen=maxlen)
-        s.append((stamp, rec.call, max(cost, 1), since < settle))
+        s.append((stamp, rec.call, max(cost, 1), since))
     comm.adapt_prev = prev
 
 

@@ -53,8 +53,9 @@ class Key:
     explored: int = 0  # calls that ran another algorithm than `current` (first period aside)
     decided: int = 0  # rank 0's decisions taken (the others were skipped)
     # rank 0 only: measurements and what they led to
-    samples: dict = field(default_factory=dict)  # algorithm -> deque of (call, record, cost ns, unsettled)
-    fed: tuple = ("", SETTLE)  # the algorithm of the last record fed, its calls since a change
+    # algorithm -> deque of (call, record, cost ns, calls since the key's change)
+    samples: dict = field(default_factory=dict)
+    fed: tuple = ("", 0)  # the algorithm of the last record fed, its calls since a change
     ratio: dict = field(default_factory=dict)  # algorithm -> last cost / current's
     chosen_level: float = 0.0  # the current algorithm's cost when it was chosen
     excess: float = 0.0  # HOPELESS explorations' time over `current`, in its calls
@@ -100,25 +101,26 @@ def typical(values) -> float:
     return sum(v) / len(v)
 
 
-def _fresh(k: Key, alg: str) -> list[tuple[int, int]]:
-    """(record number, cost ns) of ``alg``'s samples fed since the previous decision;
-    the unsettled ones (a change of algorithm and the call after it, which still pay for
-    it) only where there is nothing else (a new key's probe: one call each)."""
-    fresh = [(r, w, unsettled) for c, r, w, unsettled in k.samples.get(alg, ())
-             if c > k.calls - PERIOD]
-    steady = [(r, w) for r, w, unsettled in fresh if not unsettled]
-    return steady or [(r, w) for r, w, _ in fresh]
+def _fresh(k: Key, alg: str) -> list[tuple[int, int, int]]:
+    """(record number, cost ns, calls since its key's change) of ``alg``'s samples fed
+    since the previous decision; the unsettled ones (a change of algorithm and the call
+    after it, which still pay for it) only where there is nothing else (a new key's
+    probe: one call each)."""
+    fresh = [(r, w, since) for c, r, w, since in k.samples.get(alg, ()) if c > k.calls - PERIOD]
+    steady = [x for x in fresh if x[2] >= SETTLE]
+    return steady or fresh
 
 
-def _level(k: Key, alg: str, near: list[int] | None = None) -> float | None:
+def _level(k: Key, alg: str, near: list[int] | None = None, after: int = 0) -> float | None:
     """The typical cost of ``alg``'s fresh samples: all of them (the period's level), or
     those within WINDOW records of the record numbers ``near`` (a contender's: paired in
-    time). None from fewer than 3."""
+    time); ``after``: only those at most that many calls after a change of algorithm.
+    None from fewer than 3."""
     fresh = _fresh(k, alg)
     if near:
         lo, hi = min(near) - WINDOW, max(near) + WINDOW
-        fresh = [(r, w) for r, w in fresh if lo <= r <= hi]
-    return typical(w for _, w in fresh) if len(fresh) >= 3 else None
+        fresh = [x for x in fresh if lo <= x[0] <= hi and (not after or x[2] <= after)]
+    return typical(x[1] for x in fresh) if len(fresh) >= 3 else None
 
 
 def judge(k: Key) -> tuple[str, bool, str]:
@@ -138,8 +140,12 @@ def judge(k: Key) -> tuple[str, bool, str]:
         s = _fresh(k, a)
         if a == k.current or not s:
             continue
-        t = typical(w for _, w in s)
-        base = _level(k, k.current, near=[r for r, _ in s]) or cur
+        t = typical(w for _, w, _ in s)
+        # beside them, like for like: the current algorithm's calls as soon after a change
+        # (on 4 CPU ranks of the device host a call's 2nd-5th after a change ran 5-50%
+        # over its steady ones: a run read against steady calls paid for that alone)
+        near, after = [r for r, _, _ in s], max(since for _, _, since in s)
+        base = _level(k, k.current, near, after) or _level(k, k.current, near) or cur
         paired = k.ratio[a] = t / base
         evidence = (f"{len(s)} calls: {t / 1e3:.0f} us against {base / 1e3:.0f} beside them, "
                     f"{cur / 1e3:.0f} over the period")
@@ -185,7 +191,7 @@ def after_probe(k: Key) -> tuple[str, bool, str]:
     """(current, burst, why) right after a new key's probe (rank 0): the fastest probed
     algorithm when `current`'s one call took HOPELESS**2 times as long (no burst: the
     period's end brings it)."""
-    one = {a: typical(w for _, w in s) for a in k.algorithms if (s := _fresh(k, a))}
+    one = {a: typical(w for _, w, _ in s) for a in k.algorithms if (s := _fresh(k, a))}
     best = min(one, key=one.__getitem__, default=k.current)
     if k.current not in one or one[best] * HOPELESS ** 2 > one[k.current]:
         return k.current, False, ""
