@@ -144,8 +144,8 @@ def judge(k: Key) -> tuple[str, bool, str]:
         # beside them, like for like: the current algorithm's calls as soon after a change
         # (on 4 CPU ranks of the device host a call's 2nd-5th after a change ran 5-50%
         # over its steady ones: a run read against steady calls paid for that alone)
-        near, after = [r for r, _, _ in s], max(since for _, _, since in s)
-        base = _level(k, k.current, near, after) or _level(k, k.current, near) or cur
+        at, after = [r for r, _, _ in s], max(since for _, _, since in s)
+        base = _level(k, k.current, at, after) or _level(k, k.current, at) or cur
         paired = k.ratio[a] = t / base
         evidence = (f"{len(s)} calls: {t / 1e3:.0f} us against {base / 1e3:.0f} beside them, "
                     f"{cur / 1e3:.0f} over the period")
