@@ -410,7 +410,7 @@ def test_a_call_costs_its_cycle_where_the_call_before_it_was_recorded(monkeypatc
         return CallRecord("all_reduce", algorithm, nbytes, "float32", call, entry, entry,
                           end, {}, span)
 
-    recs = [rec(1, [0, 50], [100, 200], span=2),  # the key's first: a change, wire 150
+    recs = [rec(1, [0, 50], [100, 200], span=2),  # nothing before it here: wire 150
             rec(3, [210, 260], [500, 450]),  # right after: 500 - 200 = 300 (wire 240)
             rec(7, [900, 905], [1000, 990]),  # records 4-6 not fed: wire 95, settled
             rec(8, [1010, 1020], [1100, 1090], algorithm="two_shot"),  # changed: its wire
@@ -419,18 +419,23 @@ def test_a_call_costs_its_cycle_where_the_call_before_it_was_recorded(monkeypatc
             rec(11, [1460, 1470], [1500, 1490], nbytes=64),  # another key between
             rec(12, [1510, 1520], [1600, 1590]),  # back to one_shot: a change, wire 80
             rec(13, [1610, 1620], [1700, 1690])]  # the call after it: 100, unsettled
+    book = object()
     monkeypatch.setattr(_adapt, "_to_feed", lambda comm: recs)
+    monkeypatch.setattr(_adapt._records, "book", lambda comm: book)
     comm = SimpleNamespace(world_size=2, generation=0)
     key = ("all_reduce", 4096 .bit_length(), "float32", 2, 0)
     k = _adapt_rules.Key(("one_shot", "two_shot"), "one_shot", "one_shot", tag=1)
     comm.adapt = {key: k}
+    # the key ran one_shot before; the last record fed is another book's (a recover
+    # zeroed the records): its "call 1 ended at 10" is not this book's record 1
+    k.fed, comm.adapt_prev = ("one_shot", 5), (object(), 1, 10)
     _adapt.feed(comm)
     # each with its calls since the key's change: the change and the call after it are
     # unsettled (SETTLE = 2)
     assert [v[2:] for v in k.samples["one_shot"]] == [
-        (150, 0), (300, 1), (95, 2), (80, 0), (100, 1)]
+        (150, 6), (300, 7), (95, 8), (80, 0), (100, 1)]
     assert [v[2:] for v in k.samples["two_shot"]] == [(80, 0), (200, 1), (150, 2)]
-    assert comm.adapt_prev == (14, 1700) and k.fed == ("one_shot", 1)
+    assert comm.adapt_prev == (book, 14, 1700) and k.fed == ("one_shot", 1)
 
 
 def test_a_typical_cost_is_a_trimmed_mean_so_alternating_calls_count_both():

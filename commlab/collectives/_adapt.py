@@ -338,7 +338,11 @@ def feed(comm) -> None:
     world, generation = comm.world_size, comm.generation
     maxlen = _rules.PERIOD
     stamps: dict = {}  # key -> (its Key or None, the calls stamped on its samples)
-    prev = getattr(comm, "adapt_prev", None)  # the last record fed: (next record, its end)
+    # the last record fed: (its book, the next record's number, its end); a new book (a
+    # recover zeroed the records, a new world) numbers its records from 1 again
+    book = _records.book(comm)
+    prev = getattr(comm, "adapt_prev", None)
+    prev = prev[1:] if prev is not None and prev[0] is book else None
     for rec in _to_feed(comm):  # kept lean: rank 0's critical path
         end = rec.last_end
         key = (rec.op, max(rec.nbytes, 1).bit_length(), rec.dtype, world, generation)
@@ -365,7 +369,7 @@ def feed(comm) -> None:
         if s is None:
             s = k.samples[alg] = deque(maxlen=maxlen)
         s.append((stamp, rec.call, max(cost, 1), since))
-    comm.adapt_prev = prev
+    comm.adapt_prev = None if prev is None else (book, *prev)
 
 
 def _to_feed(comm) -> list:
