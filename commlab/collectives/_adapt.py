@@ -300,8 +300,6 @@ def _decide(comm, note: _Note, k: _rules.Key, word: int) -> tuple | None:
     return cur, explore, algs, quiet
 
 
-_SINCE_MAX = 255  # a sample's calls since its key's change, counted up to this
-
 _QUIET = 1 << 7  # in the burst mask (7 algorithms at most): the next decision point is left out
 
 
@@ -319,6 +317,9 @@ def _decode(v: int) -> tuple[int, int, int, int, int]:
 
 
 # --- rank 0's judgement ---------------------------------------------------------------
+
+
+_SINCE_MAX = 255  # a sample's calls since its key's change, counted up to this
 
 
 def feed(comm) -> None:

@@ -229,7 +229,7 @@ def contender(k: Key, cur: str) -> str:
     about 1% for watching the others."""
     if k.hint and k.hint_left == HINT_WAIT and k.hint != cur:  # just hinted: a paired
         # reading to repeat once, charged to the budget, not refused
-        k.near += RUN * max(k.ratio.get(k.hint, 1.0) - 1, 0.0) + 2 * SWITCH_COST
+        k.near += _near_cost(k, k.hint)
         return k.hint
     others = [a for a in k.algorithms if a != cur]
     for a in others:  # read once (a burst's few calls), not HOPELESS: once more, early,
@@ -237,7 +237,7 @@ def contender(k: Key, cur: str) -> str:
         # and the budget would next run it hundreds of calls later)
         if k.reads.get(a) == 1 and a not in k.confirming and k.ratio.get(a, 1.0) <= HOPELESS:
             k.confirming.add(a)
-            k.near += RUN * max(k.ratio.get(a, 1.0) - 1, 0.0) + 2 * SWITCH_COST
+            k.near += _near_cost(k, a)
             return a
     if k.explored + RUN > EXPLORE * (k.calls + PERIOD // 2):
         return ""
@@ -250,10 +250,16 @@ def contender(k: Key, cur: str) -> str:
                 continue
             k.excess += over
         else:
-            over = RUN * max(r - 1, 0.0) + 2 * SWITCH_COST
+            over = _near_cost(k, a)
             if k.near + over > EXPLORE_TIME * k.calls:
                 continue
             k.near += over
         k.rounds += i + 1
         return a
     return ""
+
+
+def _near_cost(k: Key, a: str) -> float:
+    """A run of ``a`` (not HOPELESS) over `current`'s time, in its calls: its RUN calls
+    as last measured and the two changes of algorithm."""
+    return RUN * max(k.ratio.get(a, 1.0) - 1, 0.0) + 2 * SWITCH_COST

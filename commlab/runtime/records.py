@@ -258,9 +258,7 @@ class Book:
         its count word: CPU, views of the shared words (read where they lie); GPUs, the
         copy started at the previous read, or None while it is in flight."""
         if self.cpu:
-            if self._ring_views is None:
-                self._ring_views = _ring_views([v.numpy() for v in self._peer_views()])
-            return self._ring_views
+            return self._cpu_rings()
         views = self._peer_views()
         snap, self._snap = self._snap, None
         got = None
@@ -274,6 +272,12 @@ class Book:
         self._start_copy(views)
         return got
 
+    def _cpu_rings(self) -> tuple[list, list]:
+        """CPU: ``_rings``, views of every rank's shared words (made once)."""
+        if self._ring_views is None:
+            self._ring_views = _ring_views([v.numpy() for v in self._peer_views()])
+        return self._ring_views
+
     def _marks(self, ks: range, brief: bool) -> tuple | None:
         """``_marks`` of records ``ks`` on every rank; None while a GPU copy is in flight.
         CPU, in brief: read in C where the C twin is built (one decision's read is rank
@@ -281,7 +285,7 @@ class Book:
         if brief and self.cpu and self._native != ():
             if self._native is None:
                 mod = _native.module()
-                rings, counts = self._rings() or ([], [])
+                rings, counts = self._cpu_rings()
                 self._native = () if mod is None else (
                     mod.records_brief, tuple(r.ctypes.data for r in rings),
                     tuple(c.ctypes.data for c in counts))
