@@ -329,8 +329,7 @@ def feed(comm) -> None:
     call that ran another algorithm than its key's previous call (a change, whatever
     calls came between) costs its wire time; each sample keeps its calls since its
     key's last change (the change and the call after it, SETTLE, are unsettled: used
-    only where nothing else is; a contender's run is compared with the current
-    algorithm's calls as soon after their own change, ``_adapt_rules.judge``).
+    only where nothing else is).
     The cycle sees what the wire leaves out: on a rank that shares its core, the
     scheduler's pauses land outside some algorithms' windows and inside others'.
     Reads the book's records past its own cursor, so a reader that collects them too

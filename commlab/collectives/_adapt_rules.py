@@ -111,15 +111,14 @@ def _fresh(k: Key, alg: str) -> list[tuple[int, int, int]]:
     return steady or fresh
 
 
-def _level(k: Key, alg: str, near: list[int] | None = None, after: int = 0) -> float | None:
+def _level(k: Key, alg: str, near: list[int] | None = None) -> float | None:
     """The typical cost of ``alg``'s fresh samples: all of them (the period's level), or
     those within WINDOW records of the record numbers ``near`` (a contender's: paired in
-    time); ``after``: only those at most that many calls after a change of algorithm.
-    None from fewer than 3."""
+    time). None from fewer than 3."""
     fresh = _fresh(k, alg)
     if near:
         lo, hi = min(near) - WINDOW, max(near) + WINDOW
-        fresh = [x for x in fresh if lo <= x[0] <= hi and (not after or x[2] <= after)]
+        fresh = [x for x in fresh if lo <= x[0] <= hi]
     return typical(x[1] for x in fresh) if len(fresh) >= 3 else None
 
 
@@ -141,11 +140,7 @@ def judge(k: Key) -> tuple[str, bool, str]:
         if a == k.current or not s:
             continue
         t = typical(w for _, w, _ in s)
-        # beside them, like for like: the current algorithm's calls as soon after a change
-        # (on 4 CPU ranks of the device host a call's 2nd-5th after a change ran 5-50%
-        # over its steady ones: a run read against steady calls paid for that alone)
-        at, after = [r for r, _, _ in s], max(since for _, _, since in s)
-        base = _level(k, k.current, at, after) or _level(k, k.current, at) or cur
+        base = _level(k, k.current, near=[r for r, _, _ in s]) or cur
         paired = k.ratio[a] = t / base
         evidence = (f"{len(s)} calls: {t / 1e3:.0f} us against {base / 1e3:.0f} beside them, "
                     f"{cur / 1e3:.0f} over the period")
