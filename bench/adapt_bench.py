@@ -14,10 +14,13 @@ Phases (all_reduce, fp32), run in order on one world:
   stale  --stale-bytes (256 KiB), load gone, under a tuning table measured elsewhere
          that says ring for this size (on CPU ring runs interpreted: ~100x the others)
 In each phase the adaptive ``auto`` (COMMLAB_ADAPT=1, its state kept across phases)
-runs --calls calls in blocks of --block (25: half a period of online selection, so
-that the blocks' breaks, where a call waits and its record's cost is its wire time, fall
-between its bursts and runs: a burst cut by one was misread, a 1.3x faster two-shot
-missed for 350 calls); each round also runs a block of one_shot and
+runs --calls calls (rounded up to a whole block) in blocks of --block (25: half a
+period of online selection) that start at the key's calls --breaks (19: slots 19 and 44
+of its period). A break, where a call waits and the next few warm up (up to +25% on 4
+CPU ranks), then falls where online selection holds its algorithm, not inside or right
+before its bursts (slots 1-18) and runs (26-31): a burst cut by one was misread (a 1.3x
+faster two-shot missed for 350 calls), a run right after one read one-shot at 612-714 us
+against 439 steady (and the phase stayed on a two-shot 17% slower). Each round also runs a block of one_shot and
 of two_shot and --fixed ring calls, blocks in a rotating order, each after a barrier:
 every mode's block starts the same way (a waiting call) and stays paired in time while
 the machine's load drifts. Online selection learns only from its own calls: before each
@@ -138,7 +141,7 @@ def _time_calls(comm, x, algorithm: str, n: int, cuda: bool) -> tuple[list[float
     return times, chosen, ran
 
 
-def _rank(comm, phases, fixed: int, calls: int, block: int, backend: str):
+def _rank(comm, phases, fixed: int, calls: int, block: int, breaks: int, backend: str):
     import commlab
     from commlab.collectives import _adapt, _adapt_rules, _select
 
@@ -173,7 +176,13 @@ def _rank(comm, phases, fixed: int, calls: int, block: int, backend: str):
             for alg in ALGS:
                 _time_calls(comm, x, alg, 2, cuda)  # warm-up: compile, plans
             table = _select.choose(comm, "all_reduce", x.dtype, nbytes, ALGS)
-            new_key = _adapt.key_for(comm, "all_reduce", x) not in _adapt.state(comm)
+            key = _adapt.key_for(comm, "all_reduce", x)
+            new_key = key not in _adapt.state(comm)
+            # the adaptive blocks start at the key's calls `breaks` (mod block): the first
+            # block is cut short to reach one, every later one is whole
+            held = 0 if new_key else _adapt.state(comm)[key]["calls"]
+            size = (breaks - held) % block or block
+            starts: list[int] = []
             r = 0
             while len(times) < calls:
                 # blocks in a rotating order, each after a barrier (so each block's first
@@ -187,8 +196,9 @@ def _rank(comm, phases, fixed: int, calls: int, block: int, backend: str):
                         if comm.rank == 0:  # the one reader: the fixed calls since its last
                             _adapt.forget(comm, fixed_from)  # block are not its to learn
                         commlab.barrier()  # (else the forgetting lands in the first call)
-                        t, c, w = _time_calls(comm, x, "auto", min(block, calls - len(times)),
-                                              cuda)
+                        starts.append(len(times))
+                        t, c, w = _time_calls(comm, x, "auto", size, cuda)
+                        size = block
                         fixed_from = _adapt.mark(comm)
                         times, chosen, ran = times + t, chosen + c, ran + w
                     else:
@@ -207,7 +217,7 @@ def _rank(comm, phases, fixed: int, calls: int, block: int, backend: str):
                     "fixed_times_us": fixed_t, "fixed_waits": {a: [w for _, w, _ in v]
                                                                for a, v in fixed_ran.items()},
                     "learning_calls": 2 * _adapt_rules.PERIOD if new_key else 0,
-                    "block": block, "ring_per_round": fixed,
+                    "block": block, "ring_per_round": fixed, "adaptive_starts": starts,
                     "table": table, "adaptive_times_us": times, "adaptive_choice": chosen,
                     "adaptive_ran": [a for a, _, _ in ran],
                     "adaptive_waits": [w for _, w, _ in ran],
@@ -216,6 +226,20 @@ def _rank(comm, phases, fixed: int, calls: int, block: int, backend: str):
                         "history"], "judged": judged[judged0:]})
     _adapt_rules.judge = judge
     return out
+
+
+def _blocks(p: dict) -> list[tuple[int, int]]:
+    """Each round's adaptive block as (first, end) in the adaptive calls: from the
+    record's starts, else (records before 2026-12-06's twenty-first session) whole
+    blocks from the phase's first call."""
+    n = len(p["adaptive_times_us"])
+    starts = p.get("adaptive_starts") or list(range(0, n, p["block"]))
+    return list(zip(starts, starts[1:] + [n], strict=True))
+
+
+def _rounds(p: dict, start: int) -> list[int]:
+    """The rounds whose adaptive block is whole and starts at call ``start`` or later."""
+    return [i for i, (lo, hi) in enumerate(_blocks(p)) if lo >= start and hi - lo == p["block"]]
 
 
 def _block_costs(v: list[float], rounds, n: int) -> list[float]:
@@ -240,10 +264,11 @@ def _sums(p: dict, rounds) -> list[dict]:
     before (a fixed one-shot block right after an adaptive block holding one-shot: half
     the others' on a shared GPU), not on online selection."""
     block, ring_n = p["block"], p["ring_per_round"]
-    times = p["adaptive_times_us"]
+    times, blocks = p["adaptive_times_us"], _blocks(p)
     out = []
     for i in rounds:
-        adaptive = times[i * block + 1:(i + 1) * block]
+        lo, hi = blocks[i]
+        adaptive = times[lo + 1:hi]
         row = {"auto": sum(adaptive)}
         for a, v in p["fixed_times_us"].items():
             n = ring_n if a == "ring" else block
@@ -269,7 +294,7 @@ def judge(p: dict, within: int = 200, near: float = 0.03, gain: float = 0.10) ->
     # before it); the goal is a throughput: total times, paired round by round, every
     # exploration, decision and waiting call of the adaptive blocks included
     start = max(within, p.get("learning_calls", 0))
-    rounds = range(-(-start // block), len(times) // block)
+    rounds = _rounds(p, start)
     rows = _sums(p, rounds)
     if not rows:
         raise ValueError(f"a phase is judged from call {start} on: it needs more than "
@@ -281,7 +306,7 @@ def judge(p: dict, within: int = 200, near: float = 0.03, gain: float = 0.10) ->
     # informative: which algorithms are within 3% by the median of their per-round ratios
     # (robust to a round's hiccup; blind to rare costly calls), and from which call on
     # online selection held one of those (``None``: not settled by the phase's end)
-    learned = range(-(-p.get("learning_calls", 0) // block), len(times) // block)
+    learned = _rounds(p, p.get("learning_calls", 0))
     per = {a: _block_costs(v, learned, p["ring_per_round"] if a == "ring" else block)
            for a, v in p["fixed_times_us"].items()}
     vs_median = {a: statistics.median(t / b for t, b in zip(per[a], per[best], strict=True))
@@ -290,7 +315,7 @@ def judge(p: dict, within: int = 200, near: float = 0.03, gain: float = 0.10) ->
     unpaired = {a for a, t in fixed.items() if t <= min(fixed.values()) * (1 + near)}
     settled = next((i for i in range(len(chosen)) if all(c in good for c in chosen[i:])),
                    None)
-    adaptive_rounds = _block_costs(times, rounds, block)
+    adaptive_rounds = [typical(times[lo:hi]) for lo, hi in (_blocks(p)[i] for i in rounds)]
     best_rounds = _block_costs(p["fixed_times_us"][best], rounds, block)
     r = {"best": best, "fixed_typical_us": fixed, "within_3pct": sorted(good),
          "within_3pct_unpaired": sorted(unpaired), "paired_vs_phase_best": vs_median,
@@ -334,10 +359,10 @@ def _excess_by_kind(p: dict, rounds, best: str) -> dict:
     the one held before and after it), a waiting call (its agreement waited), the held
     calls. Unpaired, so
     information only: the judge's paired totals decide."""
-    block, times = p["block"], p["adaptive_times_us"]
+    block, times, blocks = p["block"], p["adaptive_times_us"], _blocks(p)
     fixed = p["fixed_times_us"][best]
-    idx = [j for i in rounds for j in range(i * block + 1, (i + 1) * block)]
-    mean = sum(fixed[j] for j in idx) / len(idx)
+    idx = [j for i in rounds for j in range(blocks[i][0] + 1, blocks[i][1])]
+    mean = statistics.fmean(t for i in rounds for t in fixed[i * block + 1:(i + 1) * block])
     kinds: dict = {}
     for j in idx:
         alg, held = p["adaptive_ran"][j], p["adaptive_choice"]
@@ -403,9 +428,13 @@ def main(argv=None) -> int:
     ap.add_argument("--fixed", type=int, default=1,
                     help="ring calls per round (it costs ~100 of the others on CPU)")
     ap.add_argument("--block", type=int, default=25,
-                    help="calls per block (adaptive, one_shot, two_shot); 25, half of "
-                         "online selection's period, puts the breaks between its bursts "
-                         "and runs, not inside them")
+                    help="calls per block (adaptive, one_shot, two_shot); 25: half of "
+                         "online selection's period")
+    ap.add_argument("--breaks", type=int, default=19,
+                    help="the key's call (mod --block) at which each adaptive block starts: "
+                         "19 puts the breaks (a waiting call, then calls that warm up) "
+                         "where online selection holds its algorithm, not right before "
+                         "its bursts (slot 1) and runs (slot 26)")
     ap.add_argument("--calls", type=int, default=1000, help="adaptive calls per phase")
     ap.add_argument("--small-bytes", default=64 << 10, type=int, help="phase small")
     ap.add_argument("--large-bytes", default=1 << 20, type=int, help="phases large and load")
@@ -427,7 +456,7 @@ def main(argv=None) -> int:
 
     phases = [("small", a.small_bytes, False), ("large", a.large_bytes, False),
               ("load", a.large_bytes, True), ("stale", a.stale_bytes, False)]
-    res = run_world(_rank, a.ranks, args=(phases, a.fixed, a.calls, a.block, a.backend),
+    res = run_world(_rank, a.ranks, args=(phases, a.fixed, a.calls, a.block, a.breaks, a.backend),
                     backend=a.backend, timeout=3600,
                     env={"COMMLAB_ADAPT": "1", "COMMLAB_RECORDS": "1"})[0]  # GPUs: records off by default
     out = Path(a.out or HERE / "results" / f"adapt-{a.backend}-w{a.ranks}.json")

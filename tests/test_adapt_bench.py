@@ -4,6 +4,7 @@ their 90% intervals and how far the table's choice is from the best."""
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -125,3 +126,43 @@ def test_the_time_over_the_best_is_split_by_kind_of_call():
     assert kinds["decision"][1] == pytest.approx(8 * 200 / (100 * judged), rel=0.05)
     assert kinds["exploration"][1] == pytest.approx(9900 / (100 * judged), rel=0.05)
     assert abs(kinds["held"][1]) < 0.002
+
+
+def test_adaptive_blocks_pair_with_their_rounds_fixed_blocks_by_their_saved_starts():
+    # the first adaptive block is cut to 7 calls (its key's breaks fall at 7 mod 20);
+    # the machine alternates between two levels round by round, every block of a round
+    # at its round's level, and the adaptive calls hold the best: paired by their
+    # starts each round matches, paired by index each mixes two rounds
+    rounds, block = 30, 20
+    p = _phase("one_shot", 120.0, rounds=rounds, block=block)
+    level = [1.5 if r % 2 else 1.0 for r in range(rounds)]
+    for a in ("one_shot", "two_shot"):
+        v = p["fixed_times_us"][a]
+        p["fixed_times_us"][a] = [t * level[i // block] for i, t in enumerate(v)]
+    starts = [0] + list(range(7, 7 + block * (rounds - 1), block))
+    sizes = [b - a for a, b in zip(starts, starts[1:] + [starts[-1] + block], strict=True)]
+    p["adaptive_times_us"] = [100.0 * level[r] for r, m in enumerate(sizes) for _ in range(m)]
+    n = len(p["adaptive_times_us"])
+    for k in ("adaptive_choice", "adaptive_ran", "adaptive_waits"):
+        p[k] = p[k][:1] * n
+    r = adapt_bench.judge({**p, "adaptive_starts": starts})
+    assert r["rounds_judged"] == 19 and r["from_call"] == 200  # blocks from call 207 on
+    assert abs(r["paired_vs_best"]) < 0.005 and abs(r["median_round_vs_best"]) < 0.005
+    assert r["goal_best"]
+    # a record without starts is read as whole blocks from its first call
+    assert abs(adapt_bench.judge(p)["median_round_vs_best"]) > 0.1
+
+
+def test_a_run_starts_its_adaptive_blocks_at_the_keys_break_slots(monkeypatch):
+    from commlab.testing import run_world
+
+    monkeypatch.syspath_prepend(str(_PATH.parent))  # the spawned ranks import it by name
+    monkeypatch.setitem(sys.modules, "adapt_bench", adapt_bench)
+
+    phases = [("small", 4096, False), ("stale", 8192, False)]
+    out = run_world(adapt_bench._rank, 2, args=(phases, 1, 30, 25, 19, "cpu"), backend="cpu",
+                    env={"COMMLAB_ADAPT": "1"}, timeout=300)[0]
+    for p in out:  # a new key each: blocks at its calls 0, 19, 44 (30 calls asked)
+        assert p["adaptive_starts"] == [0, 19] and len(p["adaptive_times_us"]) == 44
+        assert len(p["fixed_times_us"]["one_shot"]) == 50 and len(p["fixed_times_us"]["ring"]) == 2
+    assert out[1]["table"] == "ring"  # the stale phase's table said ring

@@ -23,12 +23,13 @@ from commlab.collectives import _adapt_rules as R
 def replay(phase: dict, algorithms=("one_shot", "two_shot", "ring")) -> list[tuple]:
     """(call index, judged current, burst, why, ratios, hint, held in the run) per decision."""
     t, ran, held = phase["adaptive_times_us"], phase["adaptive_ran"], phase["adaptive_choice"]
-    decided, block = phase["adaptive_decided"], phase["block"]
+    decided = phase["adaptive_decided"]
+    starts = set(phase.get("adaptive_starts") or range(0, len(t), phase["block"]))
     k = R.Key(tuple(algorithms), held[0], phase["table"], 1)
     record, since, out = 0, 0, []
     for i, alg in enumerate(ran):
         k.calls = i + 1
-        record += 1 + (60 if i % block == 0 else 0)  # the fixed blocks' records between
+        record += 1 + (60 if i in starts else 0)  # the fixed blocks' records between
         since = 0 if i == 0 or alg != ran[i - 1] else min(since + 1, 255)
         k.samples.setdefault(alg, deque(maxlen=R.PERIOD)).append(
             (i + 1, record, int(t[i] * 1000), since))
