@@ -420,7 +420,7 @@ def test_a_call_costs_its_cycle_where_the_call_before_it_was_recorded(monkeypatc
             rec(12, [1510, 1520], [1600, 1590]),  # back to one_shot: a change, wire 80
             rec(13, [1610, 1620], [1700, 1690])]  # the call after it: 100, unsettled
     book = object()
-    monkeypatch.setattr(_adapt, "_to_feed", lambda comm: recs)
+    monkeypatch.setattr(_adapt, "_to_feed", lambda comm, ended=False: recs)
     monkeypatch.setattr(_adapt._records, "book", lambda comm: book)
     comm = SimpleNamespace(world_size=2, generation=0)
     key = ("all_reduce", 4096 .bit_length(), "float32", 2, 0)
@@ -467,13 +467,15 @@ def test_a_reader_that_collects_the_records_takes_none_from_online_selection(wor
     assert res[0] and all(res[0].values()), res[0]  # rank 0 measured every algorithm
 
 
-def _rank0_schedule(monkeypatch, k, cost, n_calls: int, gpu: bool = False) -> tuple[list, list]:
+def _rank0_schedule(monkeypatch, k, cost, n_calls: int, gpu: bool = False,
+                    ring: int = 1 << 30) -> tuple[list, list]:
     """Step rank 0's schedule call by call for key ``k``; each call's record costs
     ``cost(call, algorithm)`` ns from the previous call's end, and online selection
     reads them as it does a CPU book's (``peek``: all since the last feed, or the newest
     TAIL), or (``gpu``) as a GPU book's: every record up to the previous read (a
-    collect hands out the copy the previous one started). Returns (the calls at which
-    rank 0 judged, the algorithm each call ran)."""
+    collect hands out the copy the previous one started); the ring holds the newest
+    ``ring`` records (CPU: as if other keys' calls came between). Returns (the calls at
+    which rank 0 judged, the algorithm each call ran)."""
     from types import SimpleNamespace
 
     from commlab.collectives import _adapt, _adapt_rules
@@ -486,7 +488,7 @@ def _rank0_schedule(monkeypatch, k, cost, n_calls: int, gpu: bool = False) -> tu
     comm.adapt = {key: k}
     recs, judged, ran, tails = [], [], [], []
     book = SimpleNamespace(cpu=not gpu, peek=lambda n, after=0: (
-        tails.append(n), [r for r in recs if r.call >= after][-n:])[1])
+        tails.append(n), [r for r in recs if r.call >= max(after, len(recs) - ring + 1)][-n:])[1])
     read = [0, 0]  # records read, records in the copy taken at the previous read
 
     def unread(comm):
@@ -533,6 +535,18 @@ def test_a_settled_key_is_judged_every_other_period_and_still_switches_within_15
     switched = next(n for n, a in enumerate(ran, 1) if n > change and a == "two_shot"
                     and all(b == "two_shot" for b in ran[n - 1:n + 40]))
     assert switched - change <= 150, (switched, k.history)
+
+
+def test_a_bursts_records_are_read_before_other_keys_calls_push_them_out_of_the_ring(
+        monkeypatch):
+    # the ring keeps the last 30 calls (other keys' calls fill it in a program); the
+    # burst after the probe (calls 51-62) shows two-shot 1.25x faster, the decision at
+    # call 100 comes 38 calls later: rank 0 read the burst when it ended
+    k = _new_key()
+    _, ran = _rank0_schedule(monkeypatch, k, lambda n, a: 1000 * (80 if a == "two_shot"
+                                                                  else 100), 200, ring=30)
+    assert k.history and k.history[-1][:2] == (100, "two_shot"), k.history
+    assert all(a == "two_shot" for a in ran[100:])
 
 
 def test_calls_that_scatter_25_percent_around_a_steady_cost_start_no_drift_burst(monkeypatch):
@@ -640,13 +654,15 @@ def test_warming_calls_do_not_make_a_slower_contender_look_faster(monkeypatch):
     assert not [h for h in k.history if h[1] == "one_shot"], k.history
 
 
-def test_a_hints_run_read_a_decision_late_is_still_judged_on_its_own(monkeypatch):
-    # the records come a decision late (a GPU collect hands out the previous copy): the
-    # repeated run's are judged at the decision after the next, paired again
+def test_a_gpu_runs_records_reach_the_decision_after_it_through_the_collect_at_its_end(
+        monkeypatch):
+    # a GPU collect hands out the copy the previous one started: rank 0 collects at the
+    # run's end too, so the repeated run (calls 126-131) is judged at call 150, not a
+    # decision later (300: every other decision point is left out)
     k = _two_shot_table_key()
     _rank0_schedule(monkeypatch, k, _slow_while_the_burst_ran(85), 400, gpu=True)
     took = next(c for c, a, why in k.history if a == "one_shot")
-    assert took == 300 and "second paired reading" in k.history[-1][2], k.history
+    assert took == 150 and "4 calls: 85 us against 100" in k.history[-1][2], k.history
 
 
 def test_a_second_paired_reading_that_finds_a_tie_keeps_the_current_algorithm(monkeypatch):

@@ -222,9 +222,16 @@ def _next(comm, note: _Note, key: tuple, k: _rules.Key) -> str:
     elif k.explore and _in(slot, _rules.explore_slots()):
         alg = k.explore
     if alg != k.current:
-        comm.adapt_mixed = True  # rank 0's next feed reads every record (``_to_feed``)
+        # rank 0's next decision reads every record (``_to_feed``), and so does its first
+        # call of `current` after this one
+        comm.adapt_mixed = comm.adapt_stretch = True
         if k.calls > 2 * _rules.PERIOD:  # the first two periods learn
             k.explored += 1
+    elif comm.rank == 0 and getattr(comm, "adapt_stretch", False):
+        # a burst or run just ended: rank 0 reads its records now, before the ring (shared
+        # by every key's calls, RECORD_RING records) goes round before the key's decision
+        comm.adapt_stretch = False
+        feed(comm, ended=True)
     return alg
 
 
@@ -322,7 +329,7 @@ def _decode(v: int) -> tuple[int, int, int, int, int]:
 _SINCE_MAX = 255  # a sample's calls since its key's change, counted up to this
 
 
-def feed(comm) -> None:
+def feed(comm, ended: bool = False) -> None:
     """Give every key the cost of its calls recorded since the last feed: the cycle (the
     last rank's end of the previous call to its end of this one: what a loop of calls
     waits for) where the previous call's record came just before, else the wire time; a
@@ -333,7 +340,8 @@ def feed(comm) -> None:
     The cycle sees what the wire leaves out: on a rank that shares its core, the
     scheduler's pauses land outside some algorithms' windows and inside others'.
     Reads the book's records past its own cursor, so a reader that collects them too
-    (``%dist_watch``, ``records.recent``) takes none away."""
+    (``%dist_watch``, ``records.recent``) takes none away. ``ended``: a burst or run just
+    ended (not a decision: the next one still reads every record since this)."""
     keys = _state(comm)
     world, generation = comm.world_size, comm.generation
     maxlen = _rules.PERIOD
@@ -343,7 +351,7 @@ def feed(comm) -> None:
     book = _records.book(comm)
     prev = getattr(comm, "adapt_prev", None)
     prev = prev[1:] if prev is not None and prev[0] is book else None
-    for rec in _to_feed(comm):  # kept lean: rank 0's critical path
+    for rec in _to_feed(comm, ended):  # kept lean: rank 0's critical path
         end = rec.last_end
         key = (rec.op, max(rec.nbytes, 1).bit_length(), rec.dtype, world, generation)
         alg = rec.algorithm
@@ -372,7 +380,7 @@ def feed(comm) -> None:
     comm.adapt_prev = None if prev is None else (book, *prev)
 
 
-def _to_feed(comm) -> list:
+def _to_feed(comm, ended: bool = False) -> list:
     """The records to learn from, past the last one fed. CPU: in brief, read where they
     lie (``Book.peek``): every one the ring holds where a call since the previous feed
     ran another algorithm than its key's current (a probe, a burst, a contender's run:
@@ -380,14 +388,17 @@ def _to_feed(comm) -> list:
     algorithms' level: each record read is rank 0's Python on every CPU rank's critical
     path). GPUs: every record, collected (a collect hands out the copy the previous one
     started, so a burst's records may come a decision late; the decision's Python
-    overlaps the device's work there)."""
+    overlaps the device's work there). Rank 0 also feeds at the first call of `current`
+    after a burst or run (``ended``, from ``_next``): a ring shared by every key's calls
+    could go round before the key's decision."""
     book = _records.book(comm)
+    mixed = getattr(comm, "adapt_mixed", True)
+    comm.adapt_mixed = mixed and ended
     if book is None:
         return []
     if not book.cpu:
         return _unread(comm)
     after = getattr(comm, "adapt_fed", (None, 0))  # (book, the next record to feed)
-    mixed, comm.adapt_mixed = getattr(comm, "adapt_mixed", True), False
     recs = book.peek(_records.RECORD_RING if mixed else _rules.TAIL,
                      after[1] if after[0] is book else 0)
     if recs:
