@@ -20,8 +20,8 @@ of its period). A break, where a call waits and the next few warm up (up to +25%
 CPU ranks), then falls where online selection holds its algorithm, not inside or right
 before its bursts (slots 1-18) and runs (26-31): a burst cut by one was misread (a 1.3x
 faster two-shot missed for 350 calls), a run right after one read one-shot at 612-714 us
-against 439 steady (and the phase stayed on a two-shot 17% slower). Each round also runs a block of one_shot and
-of two_shot and --fixed ring calls, blocks in a rotating order, each after a barrier:
+against 439 steady (and the phase stayed on a two-shot 17% slower). Each round also
+runs a block of one_shot and of two_shot and --fixed ring calls, blocks in a rotating order, each after a barrier:
 every mode's block starts the same way (a waiting call) and stays paired in time while
 the machine's load drifts. Online selection learns only from its own calls: before each
 adaptive block rank 0 drops the records of the fixed calls since the last one
@@ -62,6 +62,7 @@ each phase's start and end is in the record: CPU timings on a shared box are noi
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import random
@@ -73,7 +74,7 @@ from pathlib import Path
 
 import torch
 
-from commlab.collectives._adapt_rules import typical
+from commlab.collectives._adapt_rules import SWITCH, typical
 
 ALGS = ("one_shot", "two_shot", "ring")
 HERE = Path(__file__).resolve().parent
@@ -117,6 +118,25 @@ def _load_stop(handle, backend: str) -> None:
         t.join()
 
 
+_NOW: list = ["", "", 0]  # the phase, the block's algorithm and the call in it (for _gc_log)
+
+
+def _gc_log(out: list):
+    """A ``gc.callbacks`` hook that appends (phase, block's algorithm, call in the block,
+    generation, ms) for every collection over 1 ms or of the oldest generation: a full
+    collection with torch imported takes tens of ms, on whichever call triggers it."""
+    start = [0.0]
+
+    def hook(phase, info):
+        if phase == "start":
+            start[0] = time.perf_counter()
+            return
+        ms = (time.perf_counter() - start[0]) * 1e3
+        if ms > 1 or info["generation"] == 2:
+            out.append([*_NOW, info["generation"], round(ms, 2)])
+    return hook
+
+
 def _time_calls(comm, x, algorithm: str, n: int, cuda: bool) -> tuple[list[float], list[str], list]:
     """``n`` calls: rank 0's host time of each, the algorithm online selection held after
     it, and per call (the algorithm it ran, the waiting agreements it made, whether it
@@ -127,7 +147,8 @@ def _time_calls(comm, x, algorithm: str, n: int, cuda: bool) -> tuple[list[float
     times, chosen, ran = [], [], []
     key = _adapt.key_for(comm, "all_reduce", x)
     note = _adapt._note(comm)
-    for _ in range(n):
+    for i in range(n):
+        _NOW[1:] = [algorithm, i]
         w0, d0 = comm.control.waits, note.decisions
         t = time.perf_counter()
         commlab.all_reduce(x, algorithm=algorithm)
@@ -148,6 +169,7 @@ def _rank(comm, phases, fixed: int, calls: int, block: int, breaks: int, backend
     cuda = backend == "cuda"
     out = []
     judged: list = []  # rank 0: (call, current, burst, ratios, hint) at each judged decision
+    collections: list = []  # rank 0: the garbage collections that took long (_gc_log)
     judge = _adapt_rules.judge
     if comm.rank == 0:  # what each decision read (information; the rules are unchanged)
         def logged(k):
@@ -157,74 +179,81 @@ def _rank(comm, phases, fixed: int, calls: int, block: int, breaks: int, backend
             return got
 
         _adapt_rules.judge = logged
-    fixed_from = _adapt.mark(comm)  # the records since the last adaptive block (warm-ups too)
-    for name, nbytes, loaded in phases:
-        load0 = os.getloadavg()[0]
-        judged0 = len(judged)
-        tuned = _select._tuned
-        if name == "stale":  # a table measured elsewhere: ring for this size
-            _select.use_tuning(lambda c, op, dtype, nb, n=nbytes, t=tuned: "ring" if (
-                op == "all_reduce" and nb == n) else (t(c, op, dtype, nb) if t else None))
-        x = torch.ones(nbytes // 4, dtype=torch.float32, device=comm.device)
-        handle = _load_start(comm, backend) if loaded and comm.rank == comm.world_size - 1 else None
-        fixed_t: dict[str, list[float]] = {a: [] for a in ALGS}
-        fixed_ran: dict[str, list] = {a: [] for a in ALGS}
-        times: list[float] = []
-        chosen: list[str] = []
-        ran: list = []
-        try:
-            for alg in ALGS:
-                _time_calls(comm, x, alg, 2, cuda)  # warm-up: compile, plans
-            table = _select.choose(comm, "all_reduce", x.dtype, nbytes, ALGS)
-            key = _adapt.key_for(comm, "all_reduce", x)
-            new_key = key not in _adapt.state(comm)
-            # the adaptive blocks start at the key's calls `breaks` (mod block): the first
-            # block is cut short to reach one, every later one is whole
-            held = 0 if new_key else _adapt.state(comm)[key]["calls"]
-            size = (breaks - held) % block or block
-            starts: list[int] = []
-            r = 0
-            while len(times) < calls:
-                # blocks in a rotating order, each after a barrier (so each block's first
-                # call waits, whatever runs it); ring, 100x the others here, last and short
-                order = ["auto", "one_shot", "two_shot"]
-                order = order[r % 3:] + order[:r % 3] + ["ring"]
-                r += 1
-                for what in order:
-                    commlab.barrier()  # every rank's calls ended: their records complete
-                    if what == "auto":
-                        if comm.rank == 0:  # the one reader: the fixed calls since its last
-                            _adapt.forget(comm, fixed_from)  # block are not its to learn
-                        commlab.barrier()  # (else the forgetting lands in the first call)
-                        starts.append(len(times))
-                        t, c, w = _time_calls(comm, x, "auto", size, cuda)
-                        size = block
-                        fixed_from = _adapt.mark(comm)
-                        times, chosen, ran = times + t, chosen + c, ran + w
-                    else:
-                        n = fixed if what == "ring" else block
-                        t, _, w = _time_calls(comm, x, what, n, cuda)
-                        fixed_t[what] += t
-                        fixed_ran[what] += w
-            commlab.synchronize()
-        finally:
-            _select.use_tuning(tuned)
-            if handle is not None:
-                _load_stop(handle, backend)
-        out.append({"phase": name, "bytes": nbytes, "loaded_rank": comm.world_size - 1
-                    if loaded else None, "loadavg": [load0, os.getloadavg()[0]],
-                    "fixed_us": {a: typical(v) for a, v in fixed_t.items()},
-                    "fixed_times_us": fixed_t, "fixed_waits": {a: [w for _, w, _ in v]
-                                                               for a, v in fixed_ran.items()},
-                    "learning_calls": 2 * _adapt_rules.PERIOD if new_key else 0,
-                    "block": block, "ring_per_round": fixed, "adaptive_starts": starts,
-                    "table": table, "adaptive_times_us": times, "adaptive_choice": chosen,
-                    "adaptive_ran": [a for a, _, _ in ran],
-                    "adaptive_waits": [w for _, w, _ in ran],
-                    "adaptive_decided": [d for _, _, d in ran],
-                    "history": _adapt.state(comm)[_adapt.key_for(comm, "all_reduce", x)][
-                        "history"], "judged": judged[judged0:]})
-    _adapt_rules.judge = judge
+        gc.callbacks.append(_gc_log(collections))
+    try:
+        fixed_from = _adapt.mark(comm)  # the records since the last adaptive block (warm-ups too)
+        for name, nbytes, loaded in phases:
+            load0 = os.getloadavg()[0]
+            _NOW[0], gc0 = name, len(collections)
+            judged0 = len(judged)
+            tuned = _select._tuned
+            if name == "stale":  # a table measured elsewhere: ring for this size
+                _select.use_tuning(lambda c, op, dtype, nb, n=nbytes, t=tuned: "ring" if (
+                    op == "all_reduce" and nb == n) else (t(c, op, dtype, nb) if t else None))
+            x = torch.ones(nbytes // 4, dtype=torch.float32, device=comm.device)
+            handle = _load_start(comm, backend) if loaded and comm.rank == comm.world_size - 1 else None
+            fixed_t: dict[str, list[float]] = {a: [] for a in ALGS}
+            fixed_ran: dict[str, list] = {a: [] for a in ALGS}
+            times: list[float] = []
+            chosen: list[str] = []
+            ran: list = []
+            try:
+                for alg in ALGS:
+                    _time_calls(comm, x, alg, 2, cuda)  # warm-up: compile, plans
+                table = _select.choose(comm, "all_reduce", x.dtype, nbytes, ALGS)
+                key = _adapt.key_for(comm, "all_reduce", x)
+                new_key = key not in _adapt.state(comm)
+                # the adaptive blocks start at the key's calls `breaks` (mod block): the first
+                # block is cut short to reach one, every later one is whole
+                held = 0 if new_key else _adapt.state(comm)[key]["calls"]
+                size = (breaks - held) % block or block
+                starts: list[int] = []
+                r = 0
+                while len(times) < calls:
+                    # blocks in a rotating order, each after a barrier (so each block's first
+                    # call waits, whatever runs it); ring, 100x the others here, last and short
+                    order = ["auto", "one_shot", "two_shot"]
+                    order = order[r % 3:] + order[:r % 3] + ["ring"]
+                    r += 1
+                    for what in order:
+                        commlab.barrier()  # every rank's calls ended: their records complete
+                        if what == "auto":
+                            if comm.rank == 0:  # the one reader: the fixed calls since its last
+                                _adapt.forget(comm, fixed_from)  # block are not its to learn
+                            commlab.barrier()  # (else the forgetting lands in the first call)
+                            starts.append(len(times))
+                            t, c, w = _time_calls(comm, x, "auto", size, cuda)
+                            size = block
+                            fixed_from = _adapt.mark(comm)
+                            times, chosen, ran = times + t, chosen + c, ran + w
+                        else:
+                            n = fixed if what == "ring" else block
+                            t, _, w = _time_calls(comm, x, what, n, cuda)
+                            fixed_t[what] += t
+                            fixed_ran[what] += w
+                commlab.synchronize()
+            finally:
+                _select.use_tuning(tuned)
+                if handle is not None:
+                    _load_stop(handle, backend)
+            out.append({"phase": name, "bytes": nbytes, "loaded_rank": comm.world_size - 1
+                        if loaded else None, "loadavg": [load0, os.getloadavg()[0]],
+                        "fixed_us": {a: typical(v) for a, v in fixed_t.items()},
+                        "fixed_times_us": fixed_t, "fixed_waits": {a: [w for _, w, _ in v]
+                                                                   for a, v in fixed_ran.items()},
+                        "learning_calls": 2 * _adapt_rules.PERIOD if new_key else 0,
+                        "block": block, "ring_per_round": fixed, "adaptive_starts": starts,
+                        "table": table, "adaptive_times_us": times, "adaptive_choice": chosen,
+                        "adaptive_ran": [a for a, _, _ in ran],
+                        "adaptive_waits": [w for _, w, _ in ran],
+                        "adaptive_decided": [d for _, _, d in ran],
+                        "history": _adapt.state(comm)[_adapt.key_for(comm, "all_reduce", x)][
+                            "history"], "judged": judged[judged0:],
+                        "gc": collections[gc0:]})
+    finally:  # the rules as they were, also when a phase raised
+        _adapt_rules.judge = judge
+        if comm.rank == 0:
+            gc.callbacks.pop()
     return out
 
 
@@ -339,6 +368,7 @@ def judge(p: dict, within: int = 200, near: float = 0.03, gain: float = 0.10) ->
     fixed_ahead = [t for t, w in zip(p["fixed_times_us"][held], p["fixed_waits"][held],
                                      strict=True) if not w]
     r["held"] = held
+    r["held_vs_best"] = _ratio(rows, held, best) - 1  # paired, as the goal
     r["held_ahead_vs_fixed_ahead"] = statistics.median(ahead) / statistics.median(fixed_ahead) - 1
     r["waits_per_100"] = {"adaptive": 100 * sum(p["adaptive_waits"]) / len(times),
                           held: 100 * sum(p["fixed_waits"][held]) / len(p["fixed_waits"][held])}
@@ -500,6 +530,15 @@ def _summary(res: list[dict]) -> list[str]:
                 f"{k} {over:+.1%} ({n})" for k, (n, over) in p["excess_by_kind"].items()))
         summary.append(f"  {'PASS' if p['goal_best'] else 'FAIL'} within 3% of the best "
                        f"from call 200 on")
+        if not p["goal_best"] and p["held"] != best and p.get("held_vs_best", 1) < SWITCH:
+            summary.append(f"  the held {p['held']} is {p['held_vs_best']:+.1%} over {best}: "
+                           f"inside online selection's {SWITCH:.0%} switch margin, where it "
+                           f"holds")
+        slow = [g for g in p.get("gc", ()) if g[4] > 10]
+        if slow:
+            summary.append("  rank 0's garbage collections over 10 ms: " + ", ".join(
+                f"{ms:.0f} ms (gen {gen}, {alg} call {i} of its block)"
+                for _, alg, i, gen, ms in slow))
         if p["table_wrong"]:
             if p["table_excess"] < 0.10:
                 summary.append(f"  the table's {table} is only {p['table_excess']:+.1%} "
