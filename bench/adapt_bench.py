@@ -51,6 +51,11 @@ costly calls), which algorithms are within 3% of the best by that median
 (``within_3pct``; unpaired: ``within_3pct_unpaired``) and from which call online
 selection held one of them (``settled_after_calls``: a machine that changes within a
 phase, such as two-shot falling into a 2x slower mode beside a loaded rank, moves it).
+As timeit does, the garbage collector is off inside the timed rounds on every rank (a
+full collection, 70-100 ms with torch imported, stalled whichever call set it off); the
+benchmark collects the young generations between rounds. Each phase keeps the objects
+the collector tracks that each kind of block left per call (``tracked_per_call``: what
+would set collections off in a program) and rank 0's collections over 1 ms (``gc``).
 Each phase also keeps what rank 0's decisions read (``judged``: per decision the call,
 the algorithm it held, whether a burst followed, the paired ratios, the hint).
 ``--rejudge FILE`` judges a saved record again. On CPU, a phase is --calls 1000 (32
@@ -119,6 +124,7 @@ def _load_stop(handle, backend: str) -> None:
 
 
 _NOW: list = ["", "", 0]  # the phase, the block's algorithm and the call in it (for _gc_log)
+_OURS = "(benchmark)"  # in _NOW: the benchmark's own collection between rounds
 
 
 def _gc_log(out: list):
@@ -197,6 +203,7 @@ def _rank(comm, phases, fixed: int, calls: int, block: int, breaks: int, backend
             times: list[float] = []
             chosen: list[str] = []
             ran: list = []
+            grown = {a: [0, 0] for a in ("auto", *ALGS)}  # tracked objects left, calls
             try:
                 for alg in ALGS:
                     _time_calls(comm, x, alg, 2, cuda)  # warm-up: compile, plans
@@ -209,7 +216,12 @@ def _rank(comm, phases, fixed: int, calls: int, block: int, breaks: int, backend
                 size = (breaks - held) % block or block
                 starts: list[int] = []
                 r = 0
+                _NOW[1:] = [_OURS, 0]
+                gc.collect()  # as timeit does: no collection inside a timed block (a full
+                gc.disable()  # one, 70-100 ms with torch imported, lands on whichever call)
                 while len(times) < calls:
+                    _NOW[1:] = [_OURS, 0]
+                    gc.collect(1)  # the young generations, between rounds, on every rank
                     # blocks in a rotating order, each after a barrier (so each block's first
                     # call waits, whatever runs it); ring, 100x the others here, last and short
                     order = ["auto", "one_shot", "two_shot"]
@@ -217,6 +229,7 @@ def _rank(comm, phases, fixed: int, calls: int, block: int, breaks: int, backend
                     r += 1
                     for what in order:
                         commlab.barrier()  # every rank's calls ended: their records complete
+                        objects = gc.get_count()[0]
                         if what == "auto":
                             if comm.rank == 0:  # the one reader: the fixed calls since its last
                                 _adapt.forget(comm, fixed_from)  # block are not its to learn
@@ -231,8 +244,11 @@ def _rank(comm, phases, fixed: int, calls: int, block: int, breaks: int, backend
                             t, _, w = _time_calls(comm, x, what, n, cuda)
                             fixed_t[what] += t
                             fixed_ran[what] += w
+                        grown[what] = [a + b for a, b in zip(
+                            grown[what], (gc.get_count()[0] - objects, len(t)), strict=True)]
                 commlab.synchronize()
             finally:
+                gc.enable()
                 _select.use_tuning(tuned)
                 if handle is not None:
                     _load_stop(handle, backend)
@@ -249,7 +265,8 @@ def _rank(comm, phases, fixed: int, calls: int, block: int, breaks: int, backend
                         "adaptive_decided": [d for _, _, d in ran],
                         "history": _adapt.state(comm)[_adapt.key_for(comm, "all_reduce", x)][
                             "history"], "judged": judged[judged0:],
-                        "gc": collections[gc0:]})
+                        "gc": collections[gc0:], "tracked_per_call": {
+                            a: g / max(n, 1) for a, (g, n) in grown.items()}})
     finally:  # the rules as they were, also when a phase raised
         _adapt_rules.judge = judge
         if comm.rank == 0:
@@ -534,7 +551,10 @@ def _summary(res: list[dict]) -> list[str]:
             summary.append(f"  the held {p['held']} is {p['held_vs_best']:+.1%} over {best}: "
                            f"inside online selection's {SWITCH:.0%} switch margin, where it "
                            f"holds")
-        slow = [g for g in p.get("gc", ()) if g[4] > 10]
+        if "tracked_per_call" in p:
+            summary.append("  objects left for the collector per call: " + ", ".join(
+                f"{a} {v:.1f}" for a, v in p["tracked_per_call"].items()))
+        slow = [g for g in p.get("gc", ()) if g[4] > 10 and g[1] != _OURS]
         if slow:
             summary.append("  rank 0's garbage collections over 10 ms: " + ", ".join(
                 f"{ms:.0f} ms (gen {gen}, {alg} call {i} of its block)"
