@@ -222,15 +222,11 @@ def _next(comm, note: _Note, key: tuple, k: _rules.Key) -> str:
     elif k.explore and _in(slot, _rules.explore_slots()):
         alg = k.explore
     if alg != k.current:
-        # rank 0's next decision reads every record (``_to_feed``), and so does its first
-        # call of `current` after this one
-        comm.adapt_mixed = comm.adapt_stretch = True
+        comm.adapt_mixed = comm.adapt_stretch = True  # rank 0 reads every record next
         if k.calls > 2 * _rules.PERIOD:  # the first two periods learn
             k.explored += 1
-    elif comm.rank == 0 and getattr(comm, "adapt_stretch", False):
-        # a burst or run just ended: rank 0 reads its records now, before the ring (shared
-        # by every key's calls, RECORD_RING records) goes round before the key's decision
-        comm.adapt_stretch = False
+    elif comm.rank == 0 and getattr(comm, "adapt_stretch", False):  # a burst or run ended:
+        comm.adapt_stretch = False  # its records, before other calls fill the ring
         feed(comm, ended=True)
     return alg
 
@@ -340,8 +336,8 @@ def feed(comm, ended: bool = False) -> None:
     The cycle sees what the wire leaves out: on a rank that shares its core, the
     scheduler's pauses land outside some algorithms' windows and inside others'.
     Reads the book's records past its own cursor, so a reader that collects them too
-    (``%dist_watch``, ``records.recent``) takes none away. ``ended``: a burst or run just
-    ended (not a decision: the next one still reads every record since this)."""
+    (``%dist_watch``, ``records.recent``) takes none away. ``ended``: a burst or run ended
+    (the next decision still reads every record since)."""
     keys = _state(comm)
     world, generation = comm.world_size, comm.generation
     maxlen = _rules.PERIOD
@@ -393,7 +389,7 @@ def _to_feed(comm, ended: bool = False) -> list:
     could go round before the key's decision."""
     book = _records.book(comm)
     mixed = getattr(comm, "adapt_mixed", True)
-    comm.adapt_mixed = mixed and ended
+    comm.adapt_mixed = mixed and ended  # a decision's feed resets it
     if book is None:
         return []
     if not book.cpu:
