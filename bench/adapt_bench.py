@@ -13,20 +13,21 @@ Phases (all_reduce, fp32), run in order on one world:
          on that rank's core; cuda: a copy flood on its GPU from a side stream)
   stale  --stale-bytes (256 KiB), load gone, under a tuning table measured elsewhere
          that says ring for this size (on CPU ring runs interpreted: ~100x the others)
-In each phase the adaptive ``auto`` (COMMLAB_ADAPT=1, its state kept across phases)
-runs --calls calls (rounded up to a whole block) in blocks of --block (25: half a
-period of online selection) that start at the key's calls --breaks (19: slots 19 and 44
-of its period). A break, where a call waits and the next few warm up (up to +25% on 4
-CPU ranks), then falls where online selection holds its algorithm, not inside or right
-before its bursts (slots 1-18) and runs (26-31): a burst cut by one was misread (a 1.3x
-faster two-shot missed for 350 calls), a run right after one read one-shot at 612-714 us
-against 439 steady (and the phase stayed on a two-shot 17% slower). Each round also
-runs a block of one_shot and of two_shot and --fixed ring calls, blocks in a rotating order, each after a barrier:
-every mode's block starts the same way (a waiting call) and stays paired in time while
-the machine's load drifts. Online selection learns only from its own calls: before each
-adaptive block rank 0 drops the records of the fixed calls since the last one
-(``_adapt.forget``), then a barrier (the dropping is not the adaptive calls' to pay);
-its decisions read the records inside the adaptive calls, as in a program.
+In each phase the adaptive ``auto`` (COMMLAB_ADAPT=1, its state kept across phases) runs
+--calls calls (rounded up to a whole block) in blocks of --block (25: half a period of
+online selection), each after --breaks of the key's calls (mod --block; 19: its first
+call is slot 20 or 45 of the key's period). A break, where a call waits and the next few
+warm up (up to +25% on 4 CPU ranks), then falls where online selection holds its
+algorithm, not inside or right before its bursts (slots 1-18) and runs (26-31): a burst
+cut by one was misread (a 1.3x faster two-shot missed for 350 calls), a run right after
+one read one-shot at 612-714 us against 439 steady (and the phase stayed on a two-shot
+17% slower). Each round also runs a block of one_shot and of two_shot and --fixed ring
+calls, blocks in a rotating order, each after a barrier: every mode's block starts the
+same way (a waiting call) and stays paired in time while the machine's load drifts.
+Online selection learns only from its own calls: before each adaptive block rank 0 drops
+the records of the fixed calls since the last one (``_adapt.forget``), then a barrier
+(the dropping is not the adaptive calls' to pay); its decisions read the records inside
+the adaptive calls, as in a program.
 Per call: rank 0's host time around the call (CPU: the interpreter finishes the kernel
 inside the call; cuda: a device synchronize after every call), the algorithm it ran,
 whether it waited in the agreement (the others ran ahead of it) and whether rank 0 took a
@@ -197,7 +198,8 @@ def _rank(comm, phases, fixed: int, calls: int, block: int, breaks: int, backend
                 _select.use_tuning(lambda c, op, dtype, nb, n=nbytes, t=tuned: "ring" if (
                     op == "all_reduce" and nb == n) else (t(c, op, dtype, nb) if t else None))
             x = torch.ones(nbytes // 4, dtype=torch.float32, device=comm.device)
-            handle = _load_start(comm, backend) if loaded and comm.rank == comm.world_size - 1 else None
+            beside = loaded and comm.rank == comm.world_size - 1
+            handle = _load_start(comm, backend) if beside else None
             fixed_t: dict[str, list[float]] = {a: [] for a in ALGS}
             fixed_ran: dict[str, list] = {a: [] for a in ALGS}
             times: list[float] = []
@@ -210,8 +212,8 @@ def _rank(comm, phases, fixed: int, calls: int, block: int, breaks: int, backend
                 table = _select.choose(comm, "all_reduce", x.dtype, nbytes, ALGS)
                 key = _adapt.key_for(comm, "all_reduce", x)
                 new_key = key not in _adapt.state(comm)
-                # the adaptive blocks start at the key's calls `breaks` (mod block): the first
-                # block is cut short to reach one, every later one is whole
+                # each adaptive block starts after `breaks` of the key's calls (mod block):
+                # the first is cut short to get there, every later one is whole
                 held = 0 if new_key else _adapt.state(comm)[key]["calls"]
                 size = (breaks - held) % block or block
                 starts: list[int] = []
@@ -478,10 +480,10 @@ def main(argv=None) -> int:
                     help="calls per block (adaptive, one_shot, two_shot); 25: half of "
                          "online selection's period")
     ap.add_argument("--breaks", type=int, default=19,
-                    help="the key's call (mod --block) at which each adaptive block starts: "
-                         "19 puts the breaks (a waiting call, then calls that warm up) "
-                         "where online selection holds its algorithm, not right before "
-                         "its bursts (slot 1) and runs (slot 26)")
+                    help="the key's calls (mod --block) before each adaptive block: 19 "
+                         "starts them at slots 20 and 45, so the breaks (a waiting call, "
+                         "then calls that warm up) fall where online selection holds its "
+                         "algorithm, not right before its bursts (slot 1) and runs (26)")
     ap.add_argument("--calls", type=int, default=1000, help="adaptive calls per phase")
     ap.add_argument("--small-bytes", default=64 << 10, type=int, help="phase small")
     ap.add_argument("--large-bytes", default=1 << 20, type=int, help="phases large and load")
