@@ -265,8 +265,8 @@ def _rank(comm, phases, fixed: int, calls: int, block: int, breaks: int, backend
                         "adaptive_ran": [a for a, _, _ in ran],
                         "adaptive_waits": [w for _, w, _ in ran],
                         "adaptive_decided": [d for _, _, d in ran],
-                        "history": _adapt.state(comm)[_adapt.key_for(comm, "all_reduce", x)][
-                            "history"], "judged": judged[judged0:],
+                        "history": _adapt.state(comm)[key]["history"],
+                        "judged": judged[judged0:],
                         "gc": collections[gc0:], "tracked_per_call": {
                             a: g / max(n, 1) for a, (g, n) in grown.items()}})
     finally:  # the rules as they were, also when a phase raised
@@ -285,15 +285,17 @@ def _blocks(p: dict) -> list[tuple[int, int]]:
     return list(zip(starts, starts[1:] + [n], strict=True))
 
 
-def _rounds(p: dict, start: int) -> list[int]:
-    """The rounds whose adaptive block is whole and starts at call ``start`` or later."""
-    return [i for i, (lo, hi) in enumerate(_blocks(p)) if lo >= start and hi - lo == p["block"]]
+def _rounds(p: dict, start: int) -> list[tuple[int, int, int]]:
+    """(round, first, end of its adaptive block) for the rounds whose adaptive block is
+    whole and starts at call ``start`` or later."""
+    return [(i, lo, hi) for i, (lo, hi) in enumerate(_blocks(p))
+            if lo >= start and hi - lo == p["block"]]
 
 
 def _block_costs(v: list[float], rounds, n: int) -> list[float]:
     """Per round, what a call of the block typically cost (``typical``: the mean of the
     middle 80%, a throughput; a median would pick one mode of calls that alternate)."""
-    return [typical(v[i * n:(i + 1) * n]) for i in rounds]
+    return [typical(v[i * n:(i + 1) * n]) for i, _, _ in rounds]
 
 
 def _interval(v: list, stat, q: float = 0.05, n: int = 2000) -> tuple[float, float]:
@@ -312,10 +314,9 @@ def _sums(p: dict, rounds) -> list[dict]:
     before (a fixed one-shot block right after an adaptive block holding one-shot: half
     the others' on a shared GPU), not on online selection."""
     block, ring_n = p["block"], p["ring_per_round"]
-    times, blocks = p["adaptive_times_us"], _blocks(p)
+    times = p["adaptive_times_us"]
     out = []
-    for i in rounds:
-        lo, hi = blocks[i]
+    for i, lo, hi in rounds:
         adaptive = times[lo + 1:hi]
         row = {"auto": sum(adaptive)}
         for a, v in p["fixed_times_us"].items():
@@ -363,7 +364,7 @@ def judge(p: dict, within: int = 200, near: float = 0.03, gain: float = 0.10) ->
     unpaired = {a for a, t in fixed.items() if t <= min(fixed.values()) * (1 + near)}
     settled = next((i for i in range(len(chosen)) if all(c in good for c in chosen[i:])),
                    None)
-    adaptive_rounds = [typical(times[lo:hi]) for lo, hi in (_blocks(p)[i] for i in rounds)]
+    adaptive_rounds = [typical(times[lo:hi]) for _, lo, hi in rounds]
     best_rounds = _block_costs(p["fixed_times_us"][best], rounds, block)
     r = {"best": best, "fixed_typical_us": fixed, "within_3pct": sorted(good),
          "within_3pct_unpaired": sorted(unpaired), "paired_vs_phase_best": vs_median,
@@ -408,10 +409,10 @@ def _excess_by_kind(p: dict, rounds, best: str) -> dict:
     the one held before and after it), a waiting call (its agreement waited), the held
     calls. Unpaired, so
     information only: the judge's paired totals decide."""
-    block, times, blocks = p["block"], p["adaptive_times_us"], _blocks(p)
+    block, times = p["block"], p["adaptive_times_us"]
     fixed = p["fixed_times_us"][best]
-    idx = [j for i in rounds for j in range(blocks[i][0] + 1, blocks[i][1])]
-    mean = statistics.fmean(t for i in rounds for t in fixed[i * block + 1:(i + 1) * block])
+    idx = [j for _, lo, hi in rounds for j in range(lo + 1, hi)]
+    mean = statistics.fmean(t for i, _, _ in rounds for t in fixed[i * block + 1:(i + 1) * block])
     kinds: dict = {}
     for j in idx:
         alg, held = p["adaptive_ran"][j], p["adaptive_choice"]

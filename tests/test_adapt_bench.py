@@ -167,4 +167,7 @@ def test_a_run_starts_its_adaptive_blocks_at_the_keys_break_slots(monkeypatch):
         assert len(p["fixed_times_us"]["one_shot"]) == 50 and len(p["fixed_times_us"]["ring"]) == 2
     assert out[1]["table"] == "ring"  # the stale phase's table said ring
     assert all(g[0] in ("small", "stale") and g[3] in (0, 1, 2) for p in out for g in p["gc"])
+    # the benchmark's own full collection before each phase's timed rounds is logged there
+    assert all([p["phase"], adapt_bench._OURS, 2] in [[g[0], g[1], g[3]] for g in p["gc"]]
+               for p in out)
     assert all(set(p["tracked_per_call"]) == {"auto", *adapt_bench.ALGS} for p in out)

@@ -18,6 +18,7 @@ import json
 from collections import deque
 
 from commlab.collectives import _adapt_rules as R
+from commlab.collectives._adapt import _SINCE_MAX
 
 
 def replay(phase: dict, algorithms=("one_shot", "two_shot", "ring")) -> list[tuple]:
@@ -30,7 +31,7 @@ def replay(phase: dict, algorithms=("one_shot", "two_shot", "ring")) -> list[tup
     for i, alg in enumerate(ran):
         k.calls = i + 1
         record += 1 + (60 if i in starts else 0)  # the fixed blocks' records between
-        since = 0 if i == 0 or alg != ran[i - 1] else min(since + 1, 255)
+        since = 0 if i == 0 or alg != ran[i - 1] else min(since + 1, _SINCE_MAX)
         k.samples.setdefault(alg, deque(maxlen=R.PERIOD)).append(
             (i + 1, record, int(t[i] * 1000), since))
         if decided[i] and (i + 1) % R.PERIOD == 0:
